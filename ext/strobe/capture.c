@@ -1,0 +1,149 @@
+/*
+ * capture.c - what a signal handler may do: fill a ring slot with a stack.
+ *
+ * Owns the hand-off ring between sampled threads (producers, in a signal
+ * handler or hook) and the GVL-holding drain (the one consumer).
+ *
+ * Signal safety: strobe_capture() and strobe_now_us() are async-signal-safe:
+ * no malloc, no locks, no Ruby objects; only atomics, memcmp/memcpy,
+ * clock_gettime and rb_profile_frames (which reads the VM stack of the
+ * current thread, as every Ruby sampling profiler does). Everything else in
+ * this file must be called with the GVL held.
+ *
+ * Protocol: a producer captures into its thread's scratch buffer. If the
+ * stack equals the one in its thread's newest undrained slot, it only
+ * appends a timestamp there (so a thread stuck in one place costs one slot
+ * for STROBE_SLOT_TIMES samples). Otherwise it reserves the next slot with a
+ * CAS on write_seq, or counts a miss when the ring is full: work is never
+ * queued without bound. Slot states (EMPTY -> WRITING -> READY -> DRAINING
+ * -> EMPTY) are changed with CAS so an append and a drain never overlap.
+ */
+#include "strobe.h"
+#include <string.h>
+#include <time.h>
+
+static strobe_slot_t ring[STROBE_RING_SLOTS];
+static _Atomic uint64_t write_seq; /* next sequence a producer reserves */
+static _Atomic uint64_t read_seq;  /* next sequence the drain consumes */
+
+int64_t
+strobe_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int
+strobe_capture_init(void)
+{
+    strobe_capture_reset();
+    return 0;
+}
+
+/* GVL held, nothing sampling: forget everything in the ring. */
+void
+strobe_capture_reset(void)
+{
+    for (int i = 0; i < STROBE_RING_SLOTS; i++)
+        atomic_store(&ring[i].state, STROBE_SLOT_EMPTY);
+    atomic_store(&write_seq, 0);
+    atomic_store(&read_seq, 0);
+}
+
+static int
+same_stack(const strobe_slot_t *slot, const strobe_thread_t *t)
+{
+    return slot->depth == t->scratch_depth &&
+           slot->gc_kind == t->scratch_gc_kind &&
+           memcmp(slot->frames, t->scratch_frames, sizeof(VALUE) * (size_t)t->scratch_depth) == 0 &&
+           memcmp(slot->lines, t->scratch_lines, sizeof(int) * (size_t)t->scratch_depth) == 0;
+}
+
+/* Appends now_us to the thread's newest slot if it holds the same stack and
+ * has not been taken by the drain. */
+static int
+try_append(strobe_thread_t *t, int64_t now_us)
+{
+    if (t->last_seq < 0) return 0;
+    strobe_slot_t *slot = &ring[(uint64_t)t->last_seq % STROBE_RING_SLOTS];
+    int expected = STROBE_SLOT_READY;
+    if (!atomic_compare_exchange_strong(&slot->state, &expected, STROBE_SLOT_WRITING))
+        return 0;
+    int ok = slot->seq == (uint64_t)t->last_seq &&
+             slot->n_times < STROBE_SLOT_TIMES && same_stack(slot, t);
+    if (ok) slot->times[slot->n_times++] = now_us;
+    atomic_store_explicit(&slot->state, STROBE_SLOT_READY, memory_order_release);
+    return ok;
+}
+
+int
+strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us)
+{
+    if (gc_kind == STROBE_FRAME_RUBY) {
+        int depth = rb_profile_frames(0, STROBE_MAX_DEPTH, t->scratch_frames, t->scratch_lines);
+        t->scratch_depth = depth < 0 ? 0 : depth;
+    } else {
+        t->scratch_depth = 0;
+    }
+    t->scratch_gc_kind = (uint8_t)gc_kind;
+    if (t->scratch_depth == 0 && gc_kind == STROBE_FRAME_RUBY)
+        return 0; /* no Ruby frame to attribute the sample to */
+
+    if (try_append(t, now_us)) return 1;
+
+    uint64_t seq = atomic_load(&write_seq);
+    for (;;) {
+        if (seq - atomic_load_explicit(&read_seq, memory_order_acquire) >= STROBE_RING_SLOTS)
+            return 0; /* ring full: the drain is behind, drop */
+        if (atomic_compare_exchange_weak(&write_seq, &seq, seq + 1))
+            break;
+    }
+    strobe_slot_t *slot = &ring[seq % STROBE_RING_SLOTS];
+    atomic_store_explicit(&slot->state, STROBE_SLOT_WRITING, memory_order_relaxed);
+    slot->seq = seq;
+    slot->depth = t->scratch_depth;
+    slot->gc_kind = t->scratch_gc_kind;
+    slot->thread = t->index;
+    slot->n_times = 1;
+    slot->times[0] = now_us;
+    memcpy(slot->frames, t->scratch_frames, sizeof(VALUE) * (size_t)slot->depth);
+    memcpy(slot->lines, t->scratch_lines, sizeof(int) * (size_t)slot->depth);
+    t->last_seq = (int64_t)seq;
+    atomic_store_explicit(&slot->state, STROBE_SLOT_READY, memory_order_release);
+    return 1;
+}
+
+void
+strobe_capture_drain(strobe_slot_fn fn)
+{
+    for (;;) {
+        uint64_t seq = atomic_load(&read_seq);
+        if (seq == atomic_load_explicit(&write_seq, memory_order_acquire)) return;
+        strobe_slot_t *slot = &ring[seq % STROBE_RING_SLOTS];
+        int expected = STROBE_SLOT_READY;
+        /* A producer is still writing or appending (possibly a handler that
+         * interrupted us): leave it for the next drain. */
+        if (slot->seq != seq ||
+            !atomic_compare_exchange_strong(&slot->state, &expected, STROBE_SLOT_DRAINING))
+            return;
+        fn(slot);
+        atomic_store_explicit(&slot->state, STROBE_SLOT_EMPTY, memory_order_release);
+        atomic_store_explicit(&read_seq, seq + 1, memory_order_release);
+    }
+}
+
+/* Slots captured but not yet drained hold the only reference to frames that
+ * may have returned since: pin them (rb_gc_mark) so GC neither frees nor
+ * moves them before the drain interns them. */
+void
+strobe_capture_mark(void)
+{
+    uint64_t end = atomic_load(&write_seq);
+    for (uint64_t seq = atomic_load(&read_seq); seq < end; seq++) {
+        strobe_slot_t *slot = &ring[seq % STROBE_RING_SLOTS];
+        if (atomic_load(&slot->state) != STROBE_SLOT_READY || slot->seq != seq) continue;
+        for (int i = 0; i < slot->depth; i++)
+            rb_gc_mark(slot->frames[i]);
+    }
+}

@@ -1,0 +1,202 @@
+/*
+ * compact.c - the compact form of raw samples used in profile files.
+ *
+ * stackprof's raw arrays repeat every frame of a stack for every run of
+ * samples; a file instead stores a node table (parent, frame position,
+ * line) once, then per sample one node, one thread position and one time
+ * delta. Strobe::Native.compact turns a result's raw arrays into that form,
+ * Strobe::Native.expand turns it back (through strobe_results_raw, the same
+ * writer live results use), validating every index so a corrupt file raises
+ * Strobe::ProfileError instead of crashing.
+ *
+ * GVL held; not signal-safe. Work is linear in the samples, in C.
+ */
+#include "strobe.h"
+#include <stdlib.h>
+#include <string.h>
+
+
+#define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
+
+static long
+array_len(VALUE ary, const char *what)
+{
+    if (!RB_TYPE_P(ary, T_ARRAY)) CORRUPT("%s is not an array", what);
+    return RARRAY_LEN(ary);
+}
+
+static long
+int_at(VALUE ary, long i, const char *what)
+{
+    VALUE v = RARRAY_AREF(ary, i);
+    if (!RB_INTEGER_TYPE_P(v)) CORRUPT("%s[%ld] is not an integer", what, i);
+    return NUM2LONG(v);
+}
+
+/* Strobe::Native.compact(raw, raw_lines, timestamps, sample_threads,
+ *                        frame_pos, thread_pos, start_time)
+ * -> [nodes (flat parent, frame, line triples), sample_nodes, deltas, threads]
+ * frame_pos / thread_pos map a frame id / thread id to its position in the
+ * file's frames / threads list. sample_threads may be nil (all position 0). */
+static VALUE
+native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE sample_threads,
+               VALUE frame_pos, VALUE thread_pos, VALUE start_time)
+{
+    long raw_len = array_len(raw, "raw");
+    if (!NIL_P(raw_lines) && array_len(raw_lines, "raw_lines") != raw_len)
+        CORRUPT("raw_lines does not match raw");
+    Check_Type(frame_pos, T_HASH);
+
+    strobe_stack_table_t table;
+    strobe_stack_table_init(&table);
+    VALUE nodes_out = rb_ary_new(), sample_nodes = rb_ary_new();
+    VALUE deltas = rb_ary_new(), threads = rb_ary_new();
+
+    for (long i = 0; i < raw_len;) {
+        long depth = int_at(raw, i, "raw");
+        if (depth < 0 || i + depth + 2 > raw_len) {
+            strobe_stack_table_free(&table);
+            CORRUPT("raw is truncated at index %ld", i);
+        }
+        uint32_t node = 0;
+        for (long k = 1; k <= depth; k++) {
+            VALUE pos = rb_hash_lookup2(frame_pos, RARRAY_AREF(raw, i + k), Qundef);
+            if (pos == Qundef) {
+                strobe_stack_table_free(&table);
+                CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", RARRAY_AREF(raw, i + k));
+            }
+            int32_t line = NIL_P(raw_lines) ? 0 : (int32_t)int_at(raw_lines, i + k, "raw_lines");
+            uint32_t before = table.nodes_len;
+            node = strobe_stack_table_node(&table, node, (uint32_t)NUM2UINT(pos), line);
+            if (table.nodes_len != before) {
+                rb_ary_push(nodes_out, UINT2NUM(table.nodes[node].parent));
+                rb_ary_push(nodes_out, pos);
+                rb_ary_push(nodes_out, INT2NUM(line));
+            }
+        }
+        long count = int_at(raw, i + depth + 1, "raw");
+        for (long c = 0; c < count; c++) rb_ary_push(sample_nodes, UINT2NUM(node));
+        i += depth + 2;
+    }
+    strobe_stack_table_free(&table);
+
+    long n = RARRAY_LEN(sample_nodes);
+    if (!NIL_P(timestamps)) {
+        if (array_len(timestamps, "raw_sample_timestamps") != n)
+            CORRUPT("raw_sample_timestamps has %ld entries for %ld samples", RARRAY_LEN(timestamps), n);
+        long prev = NUM2LONG(start_time);
+        for (long k = 0; k < n; k++) {
+            long t = int_at(timestamps, k, "raw_sample_timestamps");
+            rb_ary_push(deltas, LONG2NUM(t - prev));
+            prev = t;
+        }
+    }
+    if (!NIL_P(sample_threads)) {
+        if (array_len(sample_threads, "raw_sample_threads") != n)
+            CORRUPT("raw_sample_threads has %ld entries for %ld samples", RARRAY_LEN(sample_threads), n);
+        Check_Type(thread_pos, T_HASH);
+        for (long k = 0; k < n; k++) {
+            VALUE pos = rb_hash_lookup2(thread_pos, RARRAY_AREF(sample_threads, k), Qundef);
+            if (pos == Qundef) CORRUPT("raw_sample_threads[%ld] is not a known thread", k);
+            rb_ary_push(threads, pos);
+        }
+    }
+    return rb_ary_new_from_args(4, nodes_out, sample_nodes, deltas, threads);
+}
+
+typedef struct {
+    strobe_node_t *nodes;
+    uint32_t *sample_nodes;
+    int64_t *times;
+    uint16_t *threads;
+} expand_buffers_t;
+
+static VALUE
+free_buffers(VALUE arg)
+{
+    expand_buffers_t *b = (expand_buffers_t *)arg;
+    free(b->nodes); free(b->sample_nodes); free(b->times); free(b->threads);
+    return Qnil;
+}
+
+typedef struct {
+    expand_buffers_t *b;
+    VALUE result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids;
+} expand_args_t;
+
+static VALUE
+expand_body(VALUE arg)
+{
+    expand_args_t *a = (expand_args_t *)arg;
+    expand_buffers_t *b = a->b;
+    long nodes_flat = array_len(a->nodes, "nodes");
+    if (nodes_flat % 3) CORRUPT("nodes is not a list of (parent, frame, line) triples");
+    long nodes_len = nodes_flat / 3 + 1; /* plus the root */
+    long frames_len = array_len(a->frame_ids, "frames");
+    if (nodes_len > (long)UINT32_MAX) CORRUPT("too many nodes");
+
+    b->nodes = calloc((size_t)nodes_len, sizeof(strobe_node_t));
+    if (!b->nodes) rb_memerror();
+    for (long k = 1; k < nodes_len; k++) {
+        long parent = int_at(a->nodes, (k - 1) * 3, "nodes");
+        long frame = int_at(a->nodes, (k - 1) * 3 + 1, "nodes");
+        long line = int_at(a->nodes, (k - 1) * 3 + 2, "nodes");
+        if (parent < 0 || parent >= k) CORRUPT("node %ld has parent %ld, not an earlier node", k, parent);
+        if (frame < 0 || frame >= frames_len) CORRUPT("node %ld refers to frame %ld of %ld", k, frame, frames_len);
+        if (line < INT32_MIN || line > INT32_MAX) CORRUPT("node %ld has line %ld", k, line);
+        b->nodes[k] = (strobe_node_t){ (uint32_t)parent, (uint32_t)frame, (int32_t)line };
+    }
+
+    long n = array_len(a->samples, "samples");
+    long deltas_len = array_len(a->deltas, "sample_deltas");
+    if (deltas_len != n && deltas_len != 0) CORRUPT("sample_deltas has %ld entries for %ld samples", deltas_len, n);
+    long threads_len = array_len(a->threads, "sample_threads");
+    if (threads_len != n && threads_len != 0) CORRUPT("sample_threads has %ld entries for %ld samples", threads_len, n);
+    long thread_count = array_len(a->thread_ids, "threads");
+    if (n > (long)UINT32_MAX) CORRUPT("too many samples");
+
+    b->sample_nodes = malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
+    b->times = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
+    b->threads = calloc((size_t)(n ? n : 1), sizeof(uint16_t));
+    if (!b->sample_nodes || !b->times || !b->threads) rb_memerror();
+    int64_t start = NUM2LL(a->start_time), t = start;
+    for (long k = 0; k < n; k++) {
+        long node = int_at(a->samples, k, "samples");
+        if (node <= 0 || node >= nodes_len) CORRUPT("sample %ld refers to node %ld of %ld", k, node, nodes_len - 1);
+        b->sample_nodes[k] = (uint32_t)node;
+        if (deltas_len) {
+            t += int_at(a->deltas, k, "sample_deltas");
+            b->times[k] = t;
+        }
+        if (threads_len) {
+            long th = int_at(a->threads, k, "sample_threads");
+            if (th < 0 || th >= thread_count || th > UINT16_MAX) CORRUPT("sample %ld refers to thread %ld of %ld", k, th, thread_count);
+            b->threads[k] = (uint16_t)th;
+        }
+    }
+    strobe_results_raw(a->result, b->nodes, (uint32_t)n, b->sample_nodes, deltas_len ? b->times : NULL,
+                       a->thread_ids, threads_len ? b->threads : NULL, start, a->frame_ids);
+    return a->result;
+}
+
+/* Strobe::Native.expand(result, nodes, frame_ids, samples, deltas,
+ *                       start_time, sample_threads, thread_ids)
+ * Sets raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas and
+ * raw_sample_threads on result. */
+static VALUE
+native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samples, VALUE deltas,
+              VALUE start_time, VALUE threads, VALUE thread_ids)
+{
+    Check_Type(result, T_HASH);
+    if (!RB_INTEGER_TYPE_P(start_time)) CORRUPT("start_time is not an integer");
+    expand_buffers_t b = { NULL, NULL, NULL, NULL };
+    expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids };
+    return rb_ensure(expand_body, (VALUE)&a, free_buffers, (VALUE)&b);
+}
+
+void
+strobe_compact_define(VALUE mNative)
+{
+    rb_define_singleton_method(mNative, "compact", native_compact, 7);
+    rb_define_singleton_method(mNative, "expand", native_expand, 8);
+}

@@ -1,0 +1,28 @@
+# frozen_string_literal: true
+
+# Configures the Strobe C extension. Features are detected, never inferred
+# from version numbers: each have_func below defines HAVE_<NAME> for the C code.
+require "mkmf"
+
+$CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing"
+$CFLAGS << " -O2 -g"
+
+if ENV["STROBE_SANITIZE"] == "1"
+  flags = " -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1"
+  $CFLAGS << flags
+  $LDFLAGS << " -fsanitize=address,undefined"
+end
+
+$LDFLAGS << " -lpthread"
+have_library("rt", "clock_gettime")
+
+# Postponed jobs: preregistered handles (Ruby 3.3+) are signal-safe without
+# the table scan of rb_postponed_job_register_one.
+have_func("rb_postponed_job_preregister", "ruby/debug.h")
+have_func("rb_postponed_job_trigger", "ruby/debug.h")
+# Stack capture of a given thread (Ruby 3.4+); we fall back to the current one.
+have_func("rb_profile_thread_frames", "ruby/debug.h")
+have_func("pthread_getcpuclockid", "pthread.h")
+have_func("rb_gc_mark_movable", "ruby.h")
+
+create_makefile("strobe/strobe")

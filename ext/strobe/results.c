@@ -1,0 +1,275 @@
+/*
+ * results.c - builds the result Hash from the stack table and the profile.
+ *
+ * Aggregates are derived here from per-node self counts, in one pass over
+ * the nodes (whose ids are topologically ordered: parent < child):
+ *   node total  = self + the totals of its children;
+ *   frame samples       = sum of self over the frame's nodes;
+ *   frame total_samples = sum of node totals over the frame's nodes that have
+ *                         no ancestor of the same frame (recursion once);
+ *   edges[caller][callee] and lines[line] = [total, self], per occurrence,
+ * which are exactly stackprof's definitions. With raw: true the stackprof
+ * arrays (raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas) and
+ * Strobe's raw_sample_threads are written from the sample log; consecutive
+ * samples of the same stack share one raw entry with a repeat count.
+ *
+ * Helpers strobe_results_frames()/strobe_results_raw() are shared with
+ * compact.c, which rebuilds the same keys from a file's node table.
+ *
+ * GVL held; not signal-safe.
+ */
+#include "strobe.h"
+#include <stdlib.h>
+#include <string.h>
+
+
+static const char *const gc_frame_names[] = {
+    [STROBE_FRAME_GC] = "(garbage collection)",
+    [STROBE_FRAME_MARKING] = "(marking)",
+    [STROBE_FRAME_SWEEPING] = "(sweeping)",
+};
+
+static const char *const mode_names[] = {
+    [STROBE_MODE_WALL] = "wall",
+    [STROBE_MODE_CPU] = "cpu",
+    [STROBE_MODE_OBJECT] = "object",
+    [STROBE_MODE_CUSTOM] = "custom",
+};
+
+/* Adds n to hash[key], an Integer. */
+static void
+hash_add(VALUE hash, VALUE key, uint64_t n)
+{
+    VALUE cur = rb_hash_lookup2(hash, key, Qundef);
+    uint64_t sum = n + (cur == Qundef ? 0 : NUM2ULL(cur));
+    rb_hash_aset(hash, key, ULL2NUM(sum));
+}
+
+static VALUE
+child_hash(VALUE details, VALUE key)
+{
+    VALUE h = rb_hash_lookup2(details, key, Qundef);
+    if (h == Qundef) {
+        h = rb_hash_new();
+        rb_hash_aset(details, key, h);
+    }
+    return h;
+}
+
+/* Aggregates (see the file comment) into frames_hash[frame_ids[f]]. The
+ * details Hashes must already hold name/file/line; this adds the counts. */
+void
+strobe_results_aggregate(const strobe_node_t *nodes, uint32_t nodes_len, const uint64_t *self,
+                         VALUE details_by_frame, VALUE frame_ids, uint32_t frames_len, int aggregate)
+{
+    uint64_t *total = calloc(nodes_len ? nodes_len : 1, sizeof(uint64_t));
+    uint64_t *frame_self = calloc(frames_len ? frames_len : 1, sizeof(uint64_t));
+    uint64_t *frame_total = calloc(frames_len ? frames_len : 1, sizeof(uint64_t));
+    if (!total || !frame_self || !frame_total) {
+        free(total); free(frame_self); free(frame_total);
+        rb_memerror();
+    }
+    for (uint32_t n = 1; n < nodes_len; n++) total[n] = self[n];
+    for (uint32_t n = nodes_len; n-- > 1;)
+        if (nodes[n].parent) total[nodes[n].parent] += total[n];
+
+    VALUE sym_edges = strobe_sym("edges"), sym_lines = strobe_sym("lines");
+    for (uint32_t n = 1; n < nodes_len; n++) {
+        if (!total[n]) continue;
+        uint32_t f = nodes[n].frame;
+        frame_self[f] += self[n];
+        int recursive = 0;
+        for (uint32_t a = nodes[n].parent; a; a = nodes[a].parent)
+            if (nodes[a].frame == f) { recursive = 1; break; }
+        if (!recursive) frame_total[f] += total[n];
+        if (!aggregate) continue;
+
+        uint32_t parent = nodes[n].parent;
+        if (parent) {
+            VALUE caller = RARRAY_AREF(details_by_frame, nodes[parent].frame);
+            hash_add(child_hash(caller, sym_edges), RARRAY_AREF(frame_ids, f), total[n]);
+        }
+        if (nodes[n].line > 0) {
+            VALUE lines = child_hash(RARRAY_AREF(details_by_frame, f), sym_lines);
+            VALUE key = INT2FIX(nodes[n].line);
+            VALUE pair = rb_hash_lookup2(lines, key, Qundef);
+            if (pair == Qundef) {
+                pair = rb_ary_new_from_args(2, INT2FIX(0), INT2FIX(0));
+                rb_hash_aset(lines, key, pair);
+            }
+            rb_ary_store(pair, 0, ULL2NUM(NUM2ULL(RARRAY_AREF(pair, 0)) + total[n]));
+            rb_ary_store(pair, 1, ULL2NUM(NUM2ULL(RARRAY_AREF(pair, 1)) + self[n]));
+        }
+    }
+    VALUE sym_total = strobe_sym("total_samples"), sym_samples = strobe_sym("samples");
+    for (uint32_t f = 0; f < frames_len; f++) {
+        VALUE d = RARRAY_AREF(details_by_frame, f);
+        /* keep stackprof's key order: counts before edges and lines */
+        VALUE edges = rb_hash_delete(d, sym_edges), lines = rb_hash_delete(d, sym_lines);
+        rb_hash_aset(d, sym_total, ULL2NUM(frame_total[f]));
+        rb_hash_aset(d, sym_samples, ULL2NUM(frame_self[f]));
+        if (!NIL_P(edges)) rb_hash_aset(d, sym_edges, edges);
+        if (!NIL_P(lines)) rb_hash_aset(d, sym_lines, lines);
+    }
+    free(total);
+    free(frame_self);
+    free(frame_total);
+}
+
+/* Writes one stack, root first, to raw and raw_lines as stackprof does:
+ * its length, then the frames (or lines), then the repeat count. */
+typedef struct {
+    VALUE raw, raw_lines;
+    uint32_t *path;
+    uint32_t path_capa;
+} strobe_raw_writer_t;
+
+static void
+raw_emit(strobe_raw_writer_t *w, const strobe_node_t *nodes, uint32_t node, uint64_t count, VALUE frame_ids)
+{
+    uint32_t depth = 0;
+    for (uint32_t n = node; n; n = nodes[n].parent) {
+        if (depth == w->path_capa) {
+            w->path_capa = w->path_capa ? w->path_capa * 2 : 256;
+            uint32_t *path = realloc(w->path, w->path_capa * sizeof(uint32_t));
+            if (!path) rb_memerror();
+            w->path = path;
+        }
+        w->path[depth++] = n;
+    }
+    rb_ary_push(w->raw, UINT2NUM(depth));
+    rb_ary_push(w->raw_lines, UINT2NUM(depth));
+    for (uint32_t i = depth; i-- > 0;) {
+        const strobe_node_t *n = &nodes[w->path[i]];
+        rb_ary_push(w->raw, RARRAY_AREF(frame_ids, n->frame));
+        rb_ary_push(w->raw_lines, INT2NUM(n->line));
+    }
+    rb_ary_push(w->raw, ULL2NUM(count));
+    rb_ary_push(w->raw_lines, ULL2NUM(count));
+}
+
+/* Sets the raw keys on result from parallel per-sample arrays; times and
+ * sample_threads may be NULL (a profile without them gets no such keys). */
+void
+strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
+                   const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
+                   const uint16_t *sample_threads, int64_t start_us, VALUE frame_ids)
+{
+    strobe_raw_writer_t w = { rb_ary_new(), rb_ary_new(), NULL, 0 };
+    VALUE stamps = rb_ary_new_capa(count), deltas = rb_ary_new_capa(count);
+    VALUE threads = rb_ary_new_capa(count);
+    int64_t prev = start_us;
+    uint32_t run_node = 0;
+    uint64_t run = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        if (run && sample_nodes[i] != run_node) {
+            raw_emit(&w, nodes, run_node, run, frame_ids);
+            run = 0;
+        }
+        run_node = sample_nodes[i];
+        run++;
+        if (times) {
+            rb_ary_push(stamps, LL2NUM(times[i]));
+            rb_ary_push(deltas, LL2NUM(times[i] - prev));
+            prev = times[i];
+        }
+        if (sample_threads) rb_ary_push(threads, RARRAY_AREF(thread_ids, sample_threads[i]));
+    }
+    if (run) raw_emit(&w, nodes, run_node, run, frame_ids);
+    free(w.path);
+    rb_hash_aset(result, strobe_sym("raw"), w.raw);
+    rb_hash_aset(result, strobe_sym("raw_lines"), w.raw_lines);
+    if (times) {
+        rb_hash_aset(result, strobe_sym("raw_sample_timestamps"), stamps);
+        rb_hash_aset(result, strobe_sym("raw_timestamp_deltas"), deltas);
+    }
+    if (sample_threads) rb_hash_aset(result, strobe_sym("raw_sample_threads"), threads);
+}
+
+static VALUE
+frame_details(const strobe_frame_t *f)
+{
+    VALUE d = rb_hash_new();
+    if (f->kind != STROBE_FRAME_RUBY) {
+        rb_hash_aset(d, strobe_sym("name"), rb_str_new_cstr(gc_frame_names[f->kind]));
+        rb_hash_aset(d, strobe_sym("file"), rb_str_new_cstr(""));
+        return d;
+    }
+    VALUE file = rb_profile_frame_absolute_path(f->value);
+    if (NIL_P(file)) file = rb_profile_frame_path(f->value);
+    VALUE line = rb_profile_frame_first_lineno(f->value);
+    rb_hash_aset(d, strobe_sym("name"), rb_profile_frame_full_label(f->value));
+    rb_hash_aset(d, strobe_sym("file"), file);
+    if (line != INT2FIX(0)) rb_hash_aset(d, strobe_sym("line"), line);
+    return d;
+}
+
+static VALUE
+thread_name(VALUE thread)
+{
+    VALUE name = rb_funcall(thread, rb_intern("name"), 0);
+    return NIL_P(name) ? name : rb_str_dup(name);
+}
+
+VALUE
+strobe_results_build(void)
+{
+    strobe_profile_t *p = &strobe_profile;
+    strobe_sampler_flush();
+    if (!p->active) return Qnil;
+
+    const strobe_stack_table_t *st = &p->table;
+    VALUE result = rb_hash_new();
+    rb_hash_aset(result, strobe_sym("version"), DBL2NUM(1.2));
+    rb_hash_aset(result, strobe_sym("mode"), strobe_sym(mode_names[p->mode]));
+    rb_hash_aset(result, strobe_sym("interval"), p->mode == STROBE_MODE_CUSTOM ? Qnil : LONG2NUM(p->interval));
+    rb_hash_aset(result, strobe_sym("samples"), ULL2NUM(p->samples));
+    rb_hash_aset(result, strobe_sym("gc_samples"), ULL2NUM(p->gc_samples));
+    rb_hash_aset(result, strobe_sym("missed_samples"), ULL2NUM(strobe_profile_missed()));
+    rb_hash_aset(result, strobe_sym("metadata"), rb_hash_new());
+
+    VALUE frames = rb_hash_new(), details = rb_ary_new_capa(st->frames_len);
+    VALUE frame_ids = rb_ary_new_capa(st->frames_len);
+    for (uint32_t f = 0; f < st->frames_len; f++) {
+        VALUE d = frame_details(&st->frames[f]);
+        rb_ary_push(details, d);
+        rb_ary_push(frame_ids, UINT2NUM(f));
+        rb_hash_aset(frames, UINT2NUM(f), d);
+    }
+    rb_hash_aset(result, strobe_sym("frames"), frames);
+
+    uint64_t *self = calloc(st->nodes_len, sizeof(uint64_t));
+    if (!self) rb_memerror();
+    if (p->node_self) memcpy(self, p->node_self, sizeof(uint64_t) * (p->node_self_capa < st->nodes_len ? p->node_self_capa : st->nodes_len));
+    strobe_results_aggregate(st->nodes, st->nodes_len, self, details, frame_ids, st->frames_len, p->aggregate);
+    free(self);
+
+    VALUE threads = rb_hash_new(), thread_ids = rb_ary_new_capa(p->threads_len);
+    for (int i = 0; i < p->threads_len; i++) {
+        VALUE info = rb_hash_new();
+        rb_hash_aset(info, strobe_sym("name"), thread_name(p->threads[i].thread));
+        rb_hash_aset(info, strobe_sym("samples"), ULL2NUM(p->threads[i].samples));
+        rb_hash_aset(threads, INT2NUM(p->threads[i].tid), info);
+        rb_ary_push(thread_ids, INT2NUM(p->threads[i].tid));
+    }
+    rb_hash_aset(result, strobe_sym("threads"), threads);
+
+    if (p->raw && p->first_chunk) {
+        size_t count = 0;
+        for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next) count += c->len;
+        uint32_t *nodes = malloc(count * sizeof(uint32_t));
+        int64_t *times = malloc(count * sizeof(int64_t));
+        uint16_t *ths = malloc(count * sizeof(uint16_t));
+        if (!nodes || !times || !ths) { free(nodes); free(times); free(ths); rb_memerror(); }
+        size_t i = 0;
+        for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next)
+            for (uint32_t k = 0; k < c->len; k++, i++) {
+                nodes[i] = c->samples[k].node;
+                times[i] = c->base_us + c->samples[k].time_offset;
+                ths[i] = c->samples[k].thread;
+            }
+        strobe_results_raw(result, st->nodes, (uint32_t)count, nodes, times, thread_ids, ths, p->start_us, frame_ids);
+        free(nodes); free(times); free(ths);
+    }
+    return result;
+}

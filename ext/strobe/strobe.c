@@ -1,0 +1,141 @@
+/*
+ * strobe.c - Init_strobe and argument conversion for Strobe::Native.
+ *
+ * Option validation and the public API are in lib/strobe.rb; this file only
+ * converts already-validated arguments and wires the C files to Ruby. It
+ * also owns the one GC-visible object through which every VALUE the
+ * profiler holds is marked (and pinned, see stack_table.c and capture.c).
+ *
+ * Nothing here is called from a signal handler.
+ */
+#include "strobe.h"
+
+VALUE strobe_eProfileError;
+static VALUE mStrobe, mNative, eStrobeError, gc_anchor;
+
+VALUE
+strobe_sym(const char *name)
+{
+    return ID2SYM(rb_intern(name));
+}
+
+static void
+anchor_mark(void *ptr)
+{
+    (void)ptr;
+    strobe_capture_mark();
+    strobe_profile_mark();
+    strobe_sampler_mark();
+}
+
+static size_t
+anchor_memsize(const void *ptr)
+{
+    (void)ptr;
+    return strobe_profile_memsize();
+}
+
+static const rb_data_type_t anchor_type = {
+    .wrap_struct_name = "Strobe::Native::GCAnchor",
+    .function = { .dmark = anchor_mark, .dsize = anchor_memsize },
+};
+
+static strobe_mode_t
+mode_from_sym(VALUE mode)
+{
+    if (mode == strobe_sym("wall")) return STROBE_MODE_WALL;
+    if (mode == strobe_sym("cpu")) return STROBE_MODE_CPU;
+    if (mode == strobe_sym("object")) return STROBE_MODE_OBJECT;
+    if (mode == strobe_sym("custom")) return STROBE_MODE_CUSTOM;
+    rb_raise(rb_eArgError, "unknown mode: %+"PRIsVALUE, mode);
+}
+
+/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc) -> bool */
+static VALUE
+native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc)
+{
+    if (strobe_sampler_running()) return Qfalse;
+    strobe_mode_t m = mode_from_sym(mode);
+    long iv = NIL_P(interval) ? 0 : NUM2LONG(interval);
+    if ((m == STROBE_MODE_WALL || m == STROBE_MODE_CPU) && (iv < 1 || iv > 1000000))
+        rb_raise(rb_eArgError, "interval is a number of microseconds from 1 to 1000000, got %ld", iv);
+    if (m == STROBE_MODE_OBJECT && iv < 1)
+        rb_raise(rb_eArgError, "interval for :object mode must be at least 1, got %ld", iv);
+
+    int fresh = !strobe_profile.active;
+    strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
+    const char *err = strobe_sampler_start(m, iv);
+    if (err) {
+        if (fresh) strobe_profile_clear();
+        rb_raise(eStrobeError, "cannot start profiling: %s", err);
+    }
+    return Qtrue;
+}
+
+static VALUE
+native_stop(VALUE self)
+{
+    if (!strobe_sampler_running()) return Qfalse;
+    strobe_sampler_stop();
+    return Qtrue;
+}
+
+static VALUE
+native_running_p(VALUE self)
+{
+    return strobe_sampler_running() ? Qtrue : Qfalse;
+}
+
+static VALUE
+native_sample(VALUE self)
+{
+    return strobe_sampler_sample_now() ? Qtrue : Qfalse;
+}
+
+static VALUE
+clear_profile(VALUE unused)
+{
+    (void)unused;
+    strobe_profile_clear();
+    strobe_capture_reset();
+    return Qnil;
+}
+
+static VALUE
+build_results(VALUE unused)
+{
+    (void)unused;
+    return strobe_results_build();
+}
+
+/* Strobe::Native.results -> Hash or nil. Forgets what it returns. */
+static VALUE
+native_results(VALUE self)
+{
+    if (strobe_sampler_running()) return Qnil;
+    return rb_ensure(build_results, Qnil, clear_profile, Qnil);
+}
+
+void
+Init_strobe(void)
+{
+    mStrobe = rb_define_module("Strobe");
+    eStrobeError = rb_define_class_under(mStrobe, "Error", rb_eStandardError);
+    strobe_eProfileError = rb_define_class_under(mStrobe, "ProfileError", eStrobeError);
+    mNative = rb_define_module_under(mStrobe, "Native");
+
+    /* Ruby skips dmark for a NULL data pointer: point at the profile. */
+    gc_anchor = TypedData_Wrap_Struct(rb_cObject, &anchor_type, &strobe_profile);
+    rb_gc_register_mark_object(gc_anchor);
+
+    strobe_capture_init();
+    strobe_sampler_init();
+
+    rb_define_singleton_method(mNative, "start", native_start, 5);
+    rb_define_singleton_method(mNative, "stop", native_stop, 0);
+    rb_define_singleton_method(mNative, "running?", native_running_p, 0);
+    /* On Strobe itself, so the sampled leaf reads "Strobe.sample". */
+    rb_define_singleton_method(mStrobe, "sample", native_sample, 0);
+    rb_define_singleton_method(mNative, "results", native_results, 0);
+    strobe_compact_define(mNative);
+}

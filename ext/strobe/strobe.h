@@ -1,0 +1,211 @@
+/*
+ * strobe.h - types and entry points shared by the Strobe C files.
+ *
+ * A sample travels: sampler.c (timer thread, signal, handler) -> capture.c
+ * (fills a ring slot; async-signal-safe) -> profile.c drains the ring with the
+ * GVL held, interning stacks in stack_table.c and logging samples -> results.c
+ * builds the stackprof-shaped Hash. compact.c converts raw arrays to and from
+ * the compact node-table form used in files. strobe.c binds it to Ruby.
+ *
+ * Global state lives in one struct per file; the whole profiler is a
+ * process-wide singleton, like the signal it uses.
+ */
+#ifndef STROBE_H
+#define STROBE_H 1
+
+#include <ruby/ruby.h>
+#include <ruby/debug.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <sys/types.h>
+#include <time.h>
+
+/* Deepest stack recorded; deeper stacks keep their innermost frames. */
+#define STROBE_MAX_DEPTH 1024
+/* Slots in the hand-off ring between the handler and the GVL-side drain. */
+#define STROBE_RING_SLOTS 32
+/* Timestamps one slot can hold for consecutive identical stacks. */
+#define STROBE_SLOT_TIMES 64
+/* Threads the sampler can target (issue 2: the thread that called start). */
+#define STROBE_MAX_THREADS 64
+
+typedef enum {
+    STROBE_MODE_WALL = 0,
+    STROBE_MODE_CPU,
+    STROBE_MODE_OBJECT,
+    STROBE_MODE_CUSTOM
+} strobe_mode_t;
+
+/* Frame kinds: a Ruby frame (iseq or method entry) or a GC pseudo-frame. */
+typedef enum {
+    STROBE_FRAME_RUBY = 0,
+    STROBE_FRAME_GC,      /* "(garbage collection)" */
+    STROBE_FRAME_MARKING, /* "(marking)" */
+    STROBE_FRAME_SWEEPING /* "(sweeping)" */
+} strobe_frame_kind_t;
+
+/* ---- capture.c: the handler-to-GVL ring -------------------------------- */
+
+enum { STROBE_SLOT_EMPTY = 0, STROBE_SLOT_WRITING, STROBE_SLOT_READY, STROBE_SLOT_DRAINING };
+
+typedef struct {
+    atomic_int state;
+    uint64_t seq;            /* ring sequence number this slot holds */
+    int depth;               /* frames captured (0 for a GC sample) */
+    uint8_t gc_kind;         /* strobe_frame_kind_t: RUBY, or the GC phase */
+    uint16_t thread;         /* index into the thread registry */
+    uint32_t n_times;        /* samples of this same stack, one time each */
+    int64_t times[STROBE_SLOT_TIMES]; /* CLOCK_MONOTONIC microseconds */
+    VALUE frames[STROBE_MAX_DEPTH];   /* innermost first, as rb_profile_frames */
+    int lines[STROBE_MAX_DEPTH];
+} strobe_slot_t;
+
+/* A thread the sampler targets, with its scratch capture buffer. */
+typedef struct {
+    pthread_t pthread;
+    pid_t tid;               /* kernel thread id: signals and CPU clock */
+    clockid_t cpu_clock;     /* the thread's CPU-time clock */
+    uint16_t index;          /* position in the registry */
+    VALUE thread;            /* the Ruby Thread (marked) */
+    atomic_int in_handler;   /* re-entry guard */
+    int64_t last_seq;        /* ring seq of this thread's newest slot, -1 none */
+    int64_t cpu_last_ns;     /* CPU mode: thread CPU time at the last signal */
+    uint64_t samples;        /* recorded samples of this thread */
+    int scratch_depth;
+    uint8_t scratch_gc_kind;
+    VALUE scratch_frames[STROBE_MAX_DEPTH];
+    int scratch_lines[STROBE_MAX_DEPTH];
+} strobe_thread_t;
+
+int strobe_capture_init(void);
+void strobe_capture_reset(void);
+/* Async-signal-safe: capture the current thread's stack (or a GC sample)
+ * into the ring. Returns 1 when the sample was taken, 0 when missed. */
+int strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us);
+/* GVL held: hand every completed slot to fn, oldest first. */
+typedef void (*strobe_slot_fn)(const strobe_slot_t *slot);
+void strobe_capture_drain(strobe_slot_fn fn);
+/* GVL held, during GC marking: pin frames of slots not yet drained. */
+void strobe_capture_mark(void);
+int64_t strobe_now_us(void);
+
+/* ---- stack_table.c: interned frames and the prefix tree ---------------- */
+
+typedef struct {
+    VALUE value;             /* iseq / method entry, or a number for GC kinds */
+    uint8_t kind;
+} strobe_frame_t;
+
+typedef struct {
+    uint32_t parent;         /* node id; 0 is the root */
+    uint32_t frame;          /* frame id */
+    int32_t line;
+} strobe_node_t;
+
+typedef struct {
+    strobe_frame_t *frames;
+    uint32_t frames_len, frames_capa;
+    uint32_t *frame_slots;   /* open addressing: frame id + 1, 0 = empty */
+    uint32_t frame_slots_capa;
+    strobe_node_t *nodes;    /* nodes[0] is the root */
+    uint32_t nodes_len, nodes_capa;
+    uint32_t *node_slots;    /* open addressing: node id, 0 = empty */
+    uint32_t node_slots_capa;
+} strobe_stack_table_t;
+
+void strobe_stack_table_init(strobe_stack_table_t *st);
+void strobe_stack_table_free(strobe_stack_table_t *st);
+uint32_t strobe_stack_table_frame(strobe_stack_table_t *st, VALUE value, int kind);
+uint32_t strobe_stack_table_node(strobe_stack_table_t *st, uint32_t parent, uint32_t frame, int32_t line);
+void strobe_stack_table_mark(const strobe_stack_table_t *st);
+
+/* ---- profile.c: what was sampled ---------------------------------------- */
+
+typedef struct {
+    uint32_t node;
+    uint32_t time_offset;    /* microseconds after the chunk's base time */
+    uint16_t thread;         /* index into profile threads */
+    uint16_t flags;          /* reserved: thread state per sample */
+} strobe_sample_t;
+
+#define STROBE_CHUNK_SAMPLES 8192
+typedef struct strobe_chunk {
+    struct strobe_chunk *next;
+    int64_t base_us;
+    uint32_t len;
+    strobe_sample_t samples[STROBE_CHUNK_SAMPLES];
+} strobe_chunk_t;
+
+typedef struct {
+    pid_t tid;
+    VALUE thread;            /* Ruby Thread, marked */
+    uint64_t samples;
+} strobe_profile_thread_t;
+
+typedef struct {
+    int active;              /* something was started since the last results */
+    strobe_mode_t mode;
+    long interval;           /* microseconds or allocations; 0 for custom */
+    int raw, aggregate, ignore_gc;
+    strobe_stack_table_t table;
+    uint64_t *node_self;     /* samples whose leaf is this node */
+    uint32_t node_self_capa;
+    strobe_chunk_t *first_chunk, *last_chunk;
+    uint64_t samples, gc_samples;
+    int64_t start_us;        /* first start, CLOCK_MONOTONIC microseconds */
+    strobe_profile_thread_t threads[STROBE_MAX_THREADS];
+    int threads_len;
+    /* Drain cache: the previous stack, so a new one only interns its suffix. */
+    uint32_t prev_path[STROBE_MAX_DEPTH];
+    VALUE prev_frames[STROBE_MAX_DEPTH];
+    int prev_lines[STROBE_MAX_DEPTH];
+    int prev_depth;
+    int prev_gc_kind;
+} strobe_profile_t;
+
+extern strobe_profile_t strobe_profile;
+
+void strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, int ignore_gc);
+void strobe_profile_clear(void);
+int strobe_profile_thread_index(pid_t tid, VALUE thread);
+void strobe_profile_record_slot(const strobe_slot_t *slot);
+void strobe_profile_add_missed(uint64_t n);
+uint64_t strobe_profile_missed(void);
+void strobe_profile_mark(void);
+size_t strobe_profile_memsize(void);
+
+/* ---- sampler.c: timers, signal, handler, fork --------------------------- */
+
+void strobe_sampler_init(void);
+/* Returns NULL on success, or a message for ArgumentError/RuntimeError. */
+const char *strobe_sampler_start(strobe_mode_t mode, long interval);
+void strobe_sampler_stop(void);
+int strobe_sampler_running(void);
+/* Custom mode / object mode: sample the current thread now (GVL held). */
+int strobe_sampler_sample_now(void);
+/* GVL held: record everything the handler captured so far. */
+void strobe_sampler_flush(void);
+/* Registered thread whose tid matches the caller (signal handler). */
+strobe_thread_t *strobe_sampler_thread_for_self(void);
+const strobe_thread_t *strobe_sampler_thread_at(int index);
+void strobe_sampler_mark(void);
+
+/* ---- results.c ----------------------------------------------------------- */
+
+VALUE strobe_results_build(void);
+void strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
+                        const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
+                        const uint16_t *sample_threads, int64_t start_us, VALUE frame_ids);
+
+/* ---- compact.c ------------------------------------------------------------ */
+
+void strobe_compact_define(VALUE mNative);
+
+/* ---- strobe.c ------------------------------------------------------------- */
+
+extern VALUE strobe_eProfileError;
+VALUE strobe_sym(const char *name);
+
+#endif

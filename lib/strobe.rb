@@ -1,0 +1,95 @@
+# frozen_string_literal: true
+
+require_relative "strobe/version"
+require_relative "strobe/options"
+require_relative "strobe/profile_file"
+
+# The C extension. STROBE_LIB lets `rake test:asan` load a sanitizer build.
+if ENV["STROBE_LIB"]
+  require File.join(ENV["STROBE_LIB"], "strobe/strobe")
+else
+  require_relative "strobe/strobe"
+end
+
+# Strobe: a sampling call-stack profiler.
+#
+#   result = Strobe.run(mode: :cpu, interval: 1000) { work }
+#
+# The result is a Hash with the keys and meaning of stackprof 0.2.27's result,
+# plus extensions under new keys (see README, "The result").
+module Strobe
+  @metadata = nil
+  @out = nil
+
+  class << self
+    # Profiles the block and returns the result Hash (or writes it to out:).
+    def run(**opts)
+      raise ArgumentError, "Strobe.run needs a block" unless block_given?
+
+      start(**opts) or raise Error, "Strobe is already running"
+      begin
+        yield
+      ensure
+        stop
+      end
+      results
+    end
+
+    # Starts profiling. Returns false when already running. Raises
+    # ArgumentError for a bad option, leaving the profiler stopped.
+    def start(**opts)
+      return false if running?
+
+      options = Options.new(opts)
+      started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc)
+      return false unless started
+
+      # Metadata of several start/stop rounds merges; the last out: wins.
+      @metadata = (@metadata || {}).merge(options.metadata)
+      @out = options.out if options.out
+      true
+    end
+
+    # Stops profiling. Returns false when not running.
+    def stop
+      Native.stop
+    end
+
+    def running?
+      Native.running?
+    end
+
+    # The result of everything sampled since the last call, or nil while
+    # running or when nothing was started. With out (a path or an IO), or the
+    # out: given to start, writes the profile there and returns the path/IO.
+    def results(out = nil)
+      return nil if running?
+
+      result = Native.results
+      return nil unless result
+
+      result[:metadata] = @metadata || {}
+      target = out || @out
+      @metadata = nil
+      @out = nil
+      return result unless target
+
+      ProfileFile.write(result, target)
+      target
+    end
+
+    # Strobe.sample (defined in C) takes one sample of the current stack in
+    # any mode; it returns false when not running.
+
+    # Reads a profile written by Strobe (JSON, or gzipped JSON) back into the
+    # result Hash. Raises Strobe::ProfileError for a file that is not one.
+    def load(path)
+      ProfileFile.read(path)
+    end
+
+    # Writes a result Hash to path (or IO) in Strobe's compact JSON format.
+    def save(result, target)
+      ProfileFile.write(result, target)
+    end
+  end
+end

@@ -1,0 +1,92 @@
+# frozen_string_literal: true
+
+module Strobe
+  # Raised for misuse of the profiler itself (e.g. run while running).
+  class Error < StandardError; end
+
+  # Validates the options of Strobe.start/run. Every problem raises
+  # ArgumentError naming the option, before anything is started.
+  class Options
+    MODES = %i[wall cpu object custom].freeze
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out].freeze
+    DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1, custom: nil }.freeze
+    # Time modes: microseconds in [MIN_TIME_INTERVAL, MAX_TIME_INTERVAL].
+    MIN_TIME_INTERVAL = 1
+    MAX_TIME_INTERVAL = 1_000_000
+    MAX_OBJECT_INTERVAL = 2**31 - 1
+
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out
+
+    def initialize(opts)
+      unknown = opts.keys - KEYS
+      unless unknown.empty?
+        raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')} " \
+                             "(known: #{KEYS.join(', ')})"
+      end
+
+      @mode = parse_mode(opts.fetch(:mode, :wall))
+      @interval = parse_interval(opts[:interval])
+      @raw = opts[:raw] ? true : false
+      @aggregate = opts.fetch(:aggregate, true) ? true : false
+      @ignore_gc = opts[:ignore_gc] ? true : false
+      @metadata = parse_metadata(opts[:metadata])
+      @out = parse_out(opts[:out])
+    end
+
+    private
+
+    def parse_mode(mode)
+      mode = mode.to_sym if mode.is_a?(String)
+      return mode if MODES.include?(mode)
+
+      raise ArgumentError, "unknown mode: #{mode.inspect} (known: #{MODES.map(&:inspect).join(', ')})"
+    end
+
+    def parse_interval(value)
+      return DEFAULT_INTERVAL.fetch(@mode) if value.nil?
+      return nil if @mode == :custom
+
+      unless value.is_a?(Integer)
+        raise ArgumentError, "interval must be an Integer, got #{value.inspect}"
+      end
+
+      if @mode == :object
+        return value if value.between?(1, MAX_OBJECT_INTERVAL)
+
+        raise ArgumentError, "interval for :object mode is a number of allocations from 1 to #{MAX_OBJECT_INTERVAL}, got #{value}"
+      end
+      return value if value.between?(MIN_TIME_INTERVAL, MAX_TIME_INTERVAL)
+
+      raise ArgumentError, "interval is a number of microseconds from #{MIN_TIME_INTERVAL} to #{MAX_TIME_INTERVAL}, got #{value}"
+    end
+
+    def parse_metadata(value)
+      return {} if value.nil?
+      return value if value.is_a?(Hash)
+
+      raise ArgumentError, "metadata must be a Hash, got #{value.class}"
+    end
+
+    # A path must be writable now, so that a long run does not end in a lost
+    # profile. The file itself is only written (atomically) by results.
+    def parse_out(out)
+      return nil if out.nil? || out == false
+      return out if out.respond_to?(:write)
+
+      unless out.is_a?(String) || out.respond_to?(:to_path)
+        raise ArgumentError, "out must be a path or an IO, got #{out.class}"
+      end
+
+      path = out.respond_to?(:to_path) ? out.to_path : out
+      dir = File.dirname(File.expand_path(path))
+      unless File.directory?(dir) && File.writable?(dir)
+        raise ArgumentError, "out path is not writable: #{path} (directory #{dir} #{File.directory?(dir) ? 'is not writable' : 'does not exist'})"
+      end
+      if File.directory?(path)
+        raise ArgumentError, "out path is a directory: #{path}"
+      end
+
+      path
+    end
+  end
+end

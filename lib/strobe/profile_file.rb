@@ -1,0 +1,193 @@
+# frozen_string_literal: true
+
+require "json"
+require "zlib"
+require "stringio"
+
+module Strobe
+  # Reads and writes profile files: JSON, gzipped when the path ends in .gz.
+  #
+  # The file holds the result Hash with its raw arrays replaced by a compact
+  # "stacks" section: a node table (parent, frame position, line) once, then
+  # per sample a node, a thread position and a time delta in microseconds,
+  # as columns. Strobe::Native.compact/expand (C) convert between the two, so
+  # the stackprof-shaped raw arrays are derived on load, never stored.
+  #
+  # Loading never calls Marshal.load: a profile from someone else must not be
+  # able to run code.
+  module ProfileFile
+    FORMAT = 1
+    GZIP_MAGIC = "\x1f\x8b".b
+    MARSHAL_MAGIC = "\x04\x08".b
+    RAW_KEYS = %i[raw raw_lines raw_sample_timestamps raw_timestamp_deltas raw_sample_threads].freeze
+
+    module_function
+
+    # Writes result to target (a path, or an IO). A path is written
+    # atomically: a temporary file in the same directory, then a rename.
+    def write(result, target)
+      json = JSON.generate(encode(result))
+      return write_io(target, json) if target.respond_to?(:write)
+
+      path = target.respond_to?(:to_path) ? target.to_path : target.to_s
+      tmp = "#{path}.#{Process.pid}.tmp"
+      begin
+        File.open(tmp, "wb") do |file|
+          path.end_with?(".gz") ? Zlib::GzipWriter.wrap(file) { |gz| gz.write(json) } : file.write(json)
+        end
+        File.rename(tmp, path)
+      ensure
+        File.unlink(tmp) if File.exist?(tmp)
+      end
+      path
+    end
+
+    def read(path)
+      bytes = File.binread(path)
+      parse(bytes, path.to_s)
+    rescue SystemCallError => e
+      raise ProfileError, "#{path}: #{e.message.sub(/ @ \w+ - .*\z/, '')}"
+    end
+
+    # Parses the bytes of a profile file. name is used in error messages.
+    def parse(bytes, name = "profile")
+      raise ProfileError, "#{name}: file is empty" if bytes.empty?
+
+      if bytes.start_with?(MARSHAL_MAGIC)
+        raise ProfileError, "#{name}: a Marshal dump (stackprof's format); Strobe does not load Marshal data, " \
+                            "which can run code"
+      end
+      bytes = gunzip(bytes, name) if bytes.start_with?(GZIP_MAGIC)
+      doc = begin
+        JSON.parse(bytes, symbolize_names: true)
+      rescue JSON::ParserError, EncodingError
+        raise ProfileError, "#{name}: not valid JSON (truncated or corrupt)"
+      end
+      raise ProfileError, "#{name}: not a profile (expected a JSON object)" unless doc.is_a?(Hash)
+
+      decode(doc, name)
+    end
+
+    def gunzip(bytes, name)
+      Zlib::GzipReader.new(StringIO.new(bytes)).read
+    rescue Zlib::Error => e
+      raise ProfileError, "#{name}: gzip data is corrupt (#{e.message})"
+    end
+
+    def write_io(io, json)
+      io.write(json)
+      io.flush if io.respond_to?(:flush)
+      io
+    end
+
+    def encode(result)
+      frames = result.fetch(:frames)
+      frame_pos = frames.keys.each_with_index.to_h
+      threads = result[:threads] || {}
+      doc = {
+        strobe_file: FORMAT,
+        version: result[:version], mode: result[:mode].to_s, interval: result[:interval],
+        samples: result[:samples], gc_samples: result[:gc_samples], missed_samples: result[:missed_samples],
+        metadata: result[:metadata] || {},
+        frames: frames.map { |id, frame| encode_frame(id, frame) },
+        threads: threads.map { |id, info| { id: id, name: info[:name], samples: info[:samples] } },
+      }
+      doc[:stacks] = encode_stacks(result, frame_pos, threads) if result[:raw]
+      result.each { |key, value| doc[key] = value unless doc.key?(key) || RAW_KEYS.include?(key) || key == :stacks }
+      doc
+    end
+
+    def encode_frame(id, frame)
+      out = { id: id, name: frame[:name], file: frame[:file] }
+      out[:line] = frame[:line] if frame.key?(:line)
+      out[:total_samples] = frame[:total_samples]
+      out[:samples] = frame[:samples]
+      out[:edges] = frame[:edges].to_a if frame[:edges]
+      out[:lines] = frame[:lines].map { |line, (total, self_count)| [line, total, self_count] } if frame[:lines]
+      out
+    end
+
+    def encode_stacks(result, frame_pos, threads)
+      stamps = result[:raw_sample_timestamps]
+      deltas = result[:raw_timestamp_deltas]
+      start = stamps&.first ? stamps.first - (deltas&.first || 0) : 0
+      thread_pos = threads.keys.each_with_index.to_h
+      sample_threads = result[:raw_sample_threads]
+      nodes, samples, sample_deltas, sample_thread_pos =
+        Native.compact(result[:raw], result[:raw_lines], stamps, sample_threads, frame_pos, thread_pos, start)
+      { start_time: start, nodes: nodes, samples: samples, deltas: sample_deltas, threads: sample_thread_pos }
+    end
+
+    def decode(doc, name)
+      return decode_stackprof(doc, name) unless doc.key?(:strobe_file)
+      unless doc[:strobe_file] == FORMAT
+        raise ProfileError, "#{name}: Strobe file format #{doc[:strobe_file].inspect} is not supported (expected #{FORMAT})"
+      end
+
+      frames_list = expect(doc, :frames, Array, name)
+      threads_list = doc[:threads].is_a?(Array) ? doc[:threads] : []
+      result = header(doc, name)
+      result[:frames] = frames_list.to_h { |frame| decode_frame(frame, name) }
+      result[:threads] = threads_list.to_h { |t| [t[:id], { name: t[:name], samples: t[:samples] }] }
+      extras = doc.keys - %i[strobe_file frames threads stacks] - result.keys
+      extras.each { |key| result[key] = doc[key] }
+      decode_stacks(result, doc[:stacks], frames_list, threads_list, name) if doc[:stacks]
+      result
+    end
+
+    def header(doc, name)
+      mode = expect(doc, :mode, String, name)
+      {
+        version: doc[:version], mode: mode.to_sym, interval: doc[:interval],
+        samples: expect(doc, :samples, Integer, name), gc_samples: doc[:gc_samples].to_i,
+        missed_samples: doc[:missed_samples].to_i, metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
+      }
+    end
+
+    def decode_frame(frame, name)
+      raise ProfileError, "#{name}: a frame is not an object" unless frame.is_a?(Hash) && frame[:id].is_a?(Integer)
+
+      out = { name: frame[:name].to_s, file: frame[:file] }
+      out[:line] = frame[:line] if frame.key?(:line)
+      out[:total_samples] = frame[:total_samples].to_i
+      out[:samples] = frame[:samples].to_i
+      out[:edges] = frame[:edges].to_h if frame[:edges]
+      out[:lines] = frame[:lines].to_h { |line, total, self_count| [line, [total, self_count]] } if frame[:lines]
+      [frame[:id], out]
+    rescue TypeError, ArgumentError, NoMethodError
+      raise ProfileError, "#{name}: frame #{frame[:id].inspect} is malformed"
+    end
+
+    def decode_stacks(result, stacks, frames_list, threads_list, name)
+      raise ProfileError, "#{name}: stacks is not an object" unless stacks.is_a?(Hash)
+
+      Native.expand(result, stacks[:nodes], frames_list.map { |f| f[:id] }, stacks[:samples],
+                    stacks[:deltas] || [], stacks[:start_time] || 0, stacks[:threads] || [],
+                    threads_list.map { |t| t[:id] })
+      result
+    rescue ProfileError => e
+      raise ProfileError, "#{name}: #{e.message}"
+    end
+
+    # A stackprof result saved as JSON (its frames keyed by id strings).
+    def decode_stackprof(doc, name)
+      frames = expect(doc, :frames, Hash, name)
+      result = header(doc, name)
+      result[:frames] = frames.to_h do |id, frame|
+        frame = frame.dup
+        frame[:edges] = frame[:edges].transform_keys { |k| k.to_s.to_i } if frame[:edges].is_a?(Hash)
+        frame[:lines] = frame[:lines].transform_keys { |k| k.to_s.to_i } if frame[:lines].is_a?(Hash)
+        [id.to_s.to_i, frame]
+      end
+      (doc.keys - result.keys).each { |key| result[key] = doc[key] }
+      result
+    end
+
+    def expect(doc, key, type, name)
+      value = doc[key]
+      return value if value.is_a?(type)
+
+      raise ProfileError, "#{name}: #{key.inspect} is #{value.nil? ? 'missing' : "not a #{type}"}"
+    end
+  end
+end

@@ -1,0 +1,268 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "tmpdir"
+
+# Workload for exact tests: custom-mode samples at known places.
+module Workload
+  module_function
+
+  def outer(inner_samples, outer_samples)
+    inner(inner_samples)
+    outer_samples.times { Strobe.sample }
+  end
+
+  def inner(count)
+    count.times { Strobe.sample }
+  end
+
+  def recurse(depth)
+    return Strobe.sample if depth.zero?
+
+    recurse(depth - 1)
+  end
+
+  def deliver_signals(count)
+    count.times { Process.kill(:PROF, Process.pid) }
+  end
+end
+
+class TestStrobe < Minitest::Test
+  def test_custom_mode_counts_are_exact
+    result = Strobe.run(mode: :custom) { Workload.outer(7, 3) }
+    frames = frames_by_name(result)
+
+    assert_equal 10, result[:samples]
+    assert_equal 0, result[:missed_samples]
+    assert_equal 0, result[:gc_samples]
+    assert_nil result[:interval]
+    assert_equal :custom, result[:mode]
+    assert_equal 10, frames["Strobe.sample"][:samples]
+    assert_equal 10, frames["Workload.outer"][:total_samples]
+    assert_equal 0, frames["Workload.outer"][:samples]
+    assert_equal 7, frames["Workload.inner"][:total_samples]
+    # outer calls inner (7 samples) and, through a block, Integer#times (3 + 7 inside inner)
+    assert_equal 7, frames["Workload.outer"][:edges][frame_id(result, "Workload.inner")]
+  end
+
+  def test_lines_are_total_and_self_per_line
+    result = Strobe.run(mode: :custom) { Workload.outer(2, 1) }
+    outer = frames_by_name(result)["Workload.outer"]
+    line_of_inner_call = Workload.method(:outer).source_location.last + 1
+    assert_equal [2, 0], outer[:lines][line_of_inner_call]
+    assert_equal 2, outer[:lines].size
+  end
+
+  def test_recursion_counts_a_frame_once_per_sample
+    result = Strobe.run(mode: :custom) { 4.times { Workload.recurse(5) } }
+    recurse = frames_by_name(result)["Workload.recurse"]
+    assert_equal 4, result[:samples]
+    assert_equal 4, recurse[:total_samples]
+    # The recursive edge is counted per occurrence: 5 per sample.
+    assert_equal 20, recurse[:edges][frame_id(result, "Workload.recurse")]
+  end
+
+  def test_self_delivered_signals_are_counted_exactly
+    Strobe.start(mode: :wall, interval: 1_000_000, raw: true)
+    Workload.deliver_signals(150)
+    Strobe.stop
+    result = Strobe.results
+    assert_equal 150, result[:samples]
+    assert_equal 0, result[:missed_samples]
+    assert_equal 150, frames_by_name(result)["Process.kill"][:samples]
+    assert_equal 150, result[:raw_sample_timestamps].size
+  end
+
+  def test_raw_arrays_are_stackprof_shaped
+    result = Strobe.run(mode: :custom, raw: true) { Workload.outer(3, 2) }
+    raw = result[:raw]
+    raw_lines = result[:raw_lines]
+    assert_equal raw.size, raw_lines.size
+    total = 0
+    i = 0
+    while i < raw.size
+      len = raw[i]
+      stack = raw[i + 1, len]
+      assert stack.all? { |id| result[:frames].key?(id) }, "raw refers to a frame that is not in frames"
+      assert_equal "Strobe.sample", result[:frames][stack.last][:name], "raw stacks run root to leaf"
+      assert_equal raw[i + len + 1], raw_lines[i + len + 1]
+      total += raw[i + len + 1]
+      i += len + 2
+    end
+    assert_equal 5, total
+    assert_equal 5, result[:raw_sample_timestamps].size
+    assert_equal 5, result[:raw_timestamp_deltas].size
+    stamps = result[:raw_sample_timestamps]
+    assert_equal stamps, stamps.sort, "timestamps are in order"
+    assert_equal stamps.each_cons(2).map { |a, b| b - a }, result[:raw_timestamp_deltas].drop(1)
+  end
+
+  def test_identical_consecutive_stacks_share_one_raw_entry
+    result = Strobe.run(mode: :custom, raw: true) { Workload.inner(4) }
+    # [len, frames..., 4]
+    assert_equal 4, result[:raw].last
+    assert_equal result[:raw][0] + 2, result[:raw].size
+  end
+
+  def test_results_accumulate_across_start_and_stop
+    Strobe.start(mode: :custom)
+    Workload.inner(2)
+    Strobe.stop
+    Strobe.start(mode: :custom)
+    Workload.inner(3)
+    Strobe.stop
+    Strobe.start(mode: :custom)
+    Workload.inner(4)
+    Strobe.stop
+    result = Strobe.results
+    assert_equal 9, result[:samples]
+    assert_nil Strobe.results, "results forgets what it returned"
+  end
+
+  def test_start_stop_running
+    refute Strobe.running?
+    assert Strobe.start(mode: :custom)
+    assert Strobe.running?
+    refute Strobe.start(mode: :custom), "start while running returns false"
+    assert_nil Strobe.results, "no results while running"
+    assert Strobe.stop
+    refute Strobe.stop
+    refute Strobe.sample, "sample when stopped"
+    refute_nil Strobe.results
+  end
+
+  def test_aggregate_false_omits_edges_and_lines
+    result = Strobe.run(mode: :custom, aggregate: false) { Workload.outer(2, 2) }
+    result[:frames].each_value do |frame|
+      refute frame.key?(:edges)
+      refute frame.key?(:lines)
+    end
+    assert_equal 4, frames_by_name(result)["Strobe.sample"][:samples]
+  end
+
+  def test_metadata_is_returned
+    result = Strobe.run(mode: :custom, metadata: { app: "shop", rev: 3 }) { Strobe.sample }
+    assert_equal({ app: "shop", rev: 3 }, result[:metadata])
+  end
+
+  def test_object_mode_samples_every_nth_allocation
+    Strobe.start(mode: :object, interval: 10)
+    before = GC.stat(:total_allocated_objects)
+    allocate_strings(5000)
+    allocated = GC.stat(:total_allocated_objects) - before
+    Strobe.stop
+    result = Strobe.results
+    assert_equal :object, result[:mode]
+    assert_equal 10, result[:interval]
+    assert_in_delta allocated / 10, result[:samples], 10
+    assert_operator frames_by_name(result).dig("TestStrobe#allocate_strings", :total_samples), :>=, 495
+  end
+
+  def allocate_strings(count)
+    count.times.map { |i| "s#{i}" }
+  end
+
+  def test_wall_mode_samples_a_sleeping_thread
+    result = Strobe.run(mode: :wall, interval: 1000) { sleep 0.2 }
+    sleep_frame = frames_by_name(result)["Kernel#sleep"]
+    refute_nil sleep_frame, "sleep was sampled"
+    assert_operator sleep_frame[:samples], :>, result[:samples] / 2
+  end
+
+  def test_cpu_mode_samples_only_cpu_time
+    result = Strobe.run(mode: :cpu, interval: 1000) do
+      sleep 0.1
+      deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.2
+      nil while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
+    end
+    frames = frames_by_name(result)
+    assert_operator result[:samples], :>, 0
+    sleep_samples = frames.dig("Kernel#sleep", :samples).to_i
+    assert_operator sleep_samples, :<, result[:samples] / 4, "sleep uses no CPU"
+  end
+
+  def test_gc_samples_become_gc_frames
+    result = Strobe.run(mode: :wall, interval: 200) { 300.times { GC.start } }
+    assert_operator result[:gc_samples], :>, 0
+    frames = frames_by_name(result)
+    gc = frames.fetch("(garbage collection)")
+    assert_equal "", gc[:file]
+    refute gc.key?(:line)
+    assert_equal result[:gc_samples], gc[:total_samples]
+    phases = %w[(marking) (sweeping)].sum { |name| frames.dig(name, :total_samples).to_i }
+    assert_equal gc[:total_samples], gc[:samples] + phases
+  end
+
+  def test_ignore_gc_leaves_out_gc_frames
+    result = Strobe.run(mode: :wall, interval: 200, ignore_gc: true) { 300.times { GC.start } }
+    assert_equal 0, result[:gc_samples]
+    refute frames_by_name(result).key?("(garbage collection)")
+  end
+
+  def test_frames_survive_gc_compact
+    result = Strobe.run(mode: :custom, raw: true) do
+      Workload.inner(3)
+      GC.compact
+      GC.verify_compaction_references(double_heap: true, toward: :empty) if GC.respond_to?(:verify_compaction_references)
+      Workload.outer(1, 1)
+    end
+    frames = frames_by_name(result)
+    assert_equal 5, frames["Strobe.sample"][:samples]
+    assert_equal 4, frames["Workload.inner"][:total_samples]
+    first_stack = result[:raw][1, result[:raw][0]].map { |id| result[:frames].fetch(id)[:name] }
+    assert_includes first_stack, "Workload.inner", "frames sampled before compaction still resolve"
+  end
+end
+
+class TestStrobeOptions < Minitest::Test
+  def assert_rejected(message, **opts)
+    error = assert_raises(ArgumentError) { Strobe.start(**opts) }
+    assert_match message, error.message
+    refute Strobe.running?, "a rejected start leaves the profiler stopped"
+    assert_equal 1, Strobe.run(mode: :custom) { Strobe.sample }[:samples], "and usable"
+  end
+
+  def test_unknown_option
+    assert_rejected(/unknown option: :intreval/, intreval: 10)
+  end
+
+  def test_unknown_mode
+    assert_rejected(/unknown mode: :fast/, mode: :fast)
+  end
+
+  def test_interval_out_of_range
+    assert_rejected(/interval.*got 0/, mode: :wall, interval: 0)
+    assert_rejected(/interval.*got 1000001/, mode: :cpu, interval: 1_000_001)
+    assert_rejected(/interval must be an Integer/, interval: "10")
+    assert_rejected(/interval for :object mode/, mode: :object, interval: 0)
+  end
+
+  def test_metadata_must_be_a_hash
+    assert_rejected(/metadata must be a Hash, got Array/, metadata: [1])
+  end
+
+  def test_unwritable_out_path
+    assert_rejected(/out path is not writable: .*nope/, out: "/nonexistent-dir/nope.json")
+  end
+
+  def test_run_needs_a_block
+    assert_raises(ArgumentError) { Strobe.run(mode: :custom) }
+    refute Strobe.running?
+  end
+
+  def test_start_refuses_a_foreign_sigprof_handler
+    out, err, status = run_ruby(<<~RUBY)
+      require "strobe"
+      trap("PROF") { }
+      begin
+        Strobe.start(mode: :wall)
+      rescue Strobe::Error => e
+        puts e.message
+      end
+      puts Strobe.running?
+    RUBY
+    assert status.success?, err
+    assert_match(/SIGPROF already has a handler/, out)
+    assert_match(/^false$/, out)
+  end
+end
