@@ -6,7 +6,7 @@ require_relative "strobe/profile_file"
 
 # The C extension. STROBE_LIB lets `rake test:asan` load a sanitizer build.
 if ENV["STROBE_LIB"]
-  require File.join(ENV["STROBE_LIB"], "strobe/strobe")
+  require File.expand_path("strobe/strobe", ENV["STROBE_LIB"])
 else
   require_relative "strobe/strobe"
 end

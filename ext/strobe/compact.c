@@ -33,43 +33,36 @@ int_at(VALUE ary, long i, const char *what)
     return NUM2LONG(v);
 }
 
-/* Strobe::Native.compact(raw, raw_lines, timestamps, sample_threads,
- *                        frame_pos, thread_pos, start_time)
- * -> [nodes (flat parent, frame, line triples), sample_nodes, deltas, threads]
- * frame_pos / thread_pos map a frame id / thread id to its position in the
- * file's frames / threads list. sample_threads may be nil (all position 0). */
+typedef struct {
+    strobe_stack_table_t table;
+    VALUE raw, raw_lines, timestamps, sample_threads, frame_pos, thread_pos, start_time;
+} compact_args_t;
+
 static VALUE
-native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE sample_threads,
-               VALUE frame_pos, VALUE thread_pos, VALUE start_time)
+compact_body(VALUE arg)
 {
+    compact_args_t *a = (compact_args_t *)arg;
+    VALUE raw = a->raw, raw_lines = a->raw_lines;
     long raw_len = array_len(raw, "raw");
     if (!NIL_P(raw_lines) && array_len(raw_lines, "raw_lines") != raw_len)
         CORRUPT("raw_lines does not match raw");
-    Check_Type(frame_pos, T_HASH);
+    if (!RB_TYPE_P(a->frame_pos, T_HASH)) CORRUPT("frame positions are not a Hash");
 
-    strobe_stack_table_t table;
-    strobe_stack_table_init(&table);
     VALUE nodes_out = rb_ary_new(), sample_nodes = rb_ary_new();
     VALUE deltas = rb_ary_new(), threads = rb_ary_new();
-
     for (long i = 0; i < raw_len;) {
         long depth = int_at(raw, i, "raw");
-        if (depth < 0 || i + depth + 2 > raw_len) {
-            strobe_stack_table_free(&table);
-            CORRUPT("raw is truncated at index %ld", i);
-        }
+        if (depth < 0 || i + depth + 2 > raw_len) CORRUPT("raw is truncated at index %ld", i);
         uint32_t node = 0;
         for (long k = 1; k <= depth; k++) {
-            VALUE pos = rb_hash_lookup2(frame_pos, RARRAY_AREF(raw, i + k), Qundef);
-            if (pos == Qundef) {
-                strobe_stack_table_free(&table);
+            VALUE pos = rb_hash_lookup2(a->frame_pos, RARRAY_AREF(raw, i + k), Qundef);
+            if (pos == Qundef)
                 CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", RARRAY_AREF(raw, i + k));
-            }
             int32_t line = NIL_P(raw_lines) ? 0 : (int32_t)int_at(raw_lines, i + k, "raw_lines");
-            uint32_t before = table.nodes_len;
-            node = strobe_stack_table_node(&table, node, (uint32_t)NUM2UINT(pos), line);
-            if (table.nodes_len != before) {
-                rb_ary_push(nodes_out, UINT2NUM(table.nodes[node].parent));
+            uint32_t before = a->table.nodes_len;
+            node = strobe_stack_table_node(&a->table, node, NUM2UINT(pos), line);
+            if (a->table.nodes_len != before) {
+                rb_ary_push(nodes_out, UINT2NUM(a->table.nodes[node].parent));
                 rb_ary_push(nodes_out, pos);
                 rb_ary_push(nodes_out, INT2NUM(line));
             }
@@ -78,30 +71,53 @@ native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE s
         for (long c = 0; c < count; c++) rb_ary_push(sample_nodes, UINT2NUM(node));
         i += depth + 2;
     }
-    strobe_stack_table_free(&table);
 
     long n = RARRAY_LEN(sample_nodes);
-    if (!NIL_P(timestamps)) {
-        if (array_len(timestamps, "raw_sample_timestamps") != n)
-            CORRUPT("raw_sample_timestamps has %ld entries for %ld samples", RARRAY_LEN(timestamps), n);
-        long prev = NUM2LONG(start_time);
+    if (!NIL_P(a->timestamps)) {
+        if (array_len(a->timestamps, "raw_sample_timestamps") != n)
+            CORRUPT("raw_sample_timestamps has %ld entries for %ld samples", RARRAY_LEN(a->timestamps), n);
+        long prev = NUM2LONG(a->start_time);
         for (long k = 0; k < n; k++) {
-            long t = int_at(timestamps, k, "raw_sample_timestamps");
+            long t = int_at(a->timestamps, k, "raw_sample_timestamps");
             rb_ary_push(deltas, LONG2NUM(t - prev));
             prev = t;
         }
     }
-    if (!NIL_P(sample_threads)) {
-        if (array_len(sample_threads, "raw_sample_threads") != n)
-            CORRUPT("raw_sample_threads has %ld entries for %ld samples", RARRAY_LEN(sample_threads), n);
-        Check_Type(thread_pos, T_HASH);
+    if (!NIL_P(a->sample_threads)) {
+        if (array_len(a->sample_threads, "raw_sample_threads") != n)
+            CORRUPT("raw_sample_threads has %ld entries for %ld samples", RARRAY_LEN(a->sample_threads), n);
+        if (!RB_TYPE_P(a->thread_pos, T_HASH)) CORRUPT("thread positions are not a Hash");
         for (long k = 0; k < n; k++) {
-            VALUE pos = rb_hash_lookup2(thread_pos, RARRAY_AREF(sample_threads, k), Qundef);
+            VALUE pos = rb_hash_lookup2(a->thread_pos, RARRAY_AREF(a->sample_threads, k), Qundef);
             if (pos == Qundef) CORRUPT("raw_sample_threads[%ld] is not a known thread", k);
             rb_ary_push(threads, pos);
         }
     }
     return rb_ary_new_from_args(4, nodes_out, sample_nodes, deltas, threads);
+}
+
+static VALUE
+compact_free(VALUE arg)
+{
+    strobe_stack_table_free(&((compact_args_t *)arg)->table);
+    return Qnil;
+}
+
+/* Strobe::Native.compact(raw, raw_lines, timestamps, sample_threads,
+ *                        frame_pos, thread_pos, start_time)
+ * -> [nodes (flat parent, frame, line triples), sample_nodes, deltas, threads]
+ * frame_pos / thread_pos map a frame id / thread id to its position in the
+ * file's frames / threads list; raw_lines, timestamps and sample_threads
+ * may be nil. */
+static VALUE
+native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE sample_threads,
+               VALUE frame_pos, VALUE thread_pos, VALUE start_time)
+{
+    compact_args_t a = { .raw = raw, .raw_lines = raw_lines, .timestamps = timestamps,
+                         .sample_threads = sample_threads, .frame_pos = frame_pos,
+                         .thread_pos = thread_pos, .start_time = start_time };
+    strobe_stack_table_init(&a.table);
+    return rb_ensure(compact_body, (VALUE)&a, compact_free, (VALUE)&a);
 }
 
 typedef struct {

@@ -3,7 +3,7 @@
  *
  * Time modes run a timer thread (a plain pthread with every signal blocked,
  * never touching Ruby). Each interval it wakes on an absolute CLOCK_MONOTONIC
- * deadline and sends SIGPROF with tgkill() to each registered thread: always
+ * deadline and sends STROBE_SIGNAL with tgkill() to each registered thread: always
  * in :wall mode, and in :cpu mode only when that thread's own CPU clock
  * advanced by an interval since its last signal. This is not capped by the
  * kernel tick the way setitimer(ITIMER_PROF) is, and it never signals a dead
@@ -15,9 +15,13 @@
  * re-entry, and does nothing after the VM has begun shutting down or on a
  * thread it does not know.
  *
- * Signal ownership: start refuses if someone else has a SIGPROF handler.
- * stop leaves SIGPROF ignored (harmless if a late signal lands) unless the
- * previous disposition was a handler of the user's, which it restores.
+ * The signal is SIGURG, not SIGPROF: its default action is to ignore it, so
+ * a signal still pending when the program calls exec() is discarded by the
+ * new program instead of killing it (with SIGPROF it does), and a late signal
+ * after stop is harmless whatever the disposition. SIGPROF and SIGALRM stay
+ * free for other profilers. Signal ownership: start refuses if someone else
+ * has a handler for it; stop restores the disposition found at first start
+ * (default or ignore, both harmless).
  * fork: the child inherits no timer thread; an atfork hook marks it stopped.
  *
  * Everything here except the handler and the timer thread's loop is called
@@ -46,7 +50,7 @@ static struct {
     pthread_cond_t timer_cond;
     int timer_stop;
 
-    /* SIGPROF disposition before our first start */
+    /* STROBE_SIGNAL disposition before our first start */
     struct sigaction old_action;
     int handler_installed;
 
@@ -191,7 +195,7 @@ clock_ns(clockid_t clock)
 static void
 send_signal(const strobe_thread_t *t)
 {
-    syscall(SYS_tgkill, (long)getpid(), (long)t->tid, (long)SIGPROF);
+    syscall(SYS_tgkill, (long)getpid(), (long)t->tid, (long)STROBE_SIGNAL);
 }
 
 static void *
@@ -282,10 +286,10 @@ static const char *
 install_handler(void)
 {
     struct sigaction current, ours;
-    sigaction(SIGPROF, NULL, &current);
+    sigaction(STROBE_SIGNAL, NULL, &current);
     int is_ours = (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == signal_handler;
     if (!is_ours && !is_default_or_ignore(&current))
-        return "SIGPROF already has a handler (another profiler, or trap(\"PROF\")); "
+        return STROBE_SIGNAL_NAME " already has a handler (trap(\"" STROBE_SIGNAL_TRAP "\") or a library); "
                "Strobe will not take it over";
     if (!S.handler_installed && !is_ours) S.old_action = current;
 
@@ -293,21 +297,18 @@ install_handler(void)
     ours.sa_sigaction = signal_handler;
     ours.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&ours.sa_mask);
-    sigaction(SIGPROF, &ours, NULL);
+    sigaction(STROBE_SIGNAL, &ours, NULL);
     S.handler_installed = 1;
     return NULL;
 }
 
-/* A default SIGPROF would kill the process if a late signal lands, so the
- * handler left behind ignores it; an ignoring disposition is restored. */
+/* Back to the default or ignoring disposition we found: either discards a
+ * late signal, so nothing is left that could kill the process. */
 static void
 uninstall_handler(void)
 {
-    struct sigaction after;
-    memset(&after, 0, sizeof(after));
-    after.sa_handler = SIG_IGN;
-    sigemptyset(&after.sa_mask);
-    sigaction(SIGPROF, &after, NULL);
+    if (!S.handler_installed) return;
+    sigaction(STROBE_SIGNAL, &S.old_action, NULL);
     S.handler_installed = 0;
 }
 

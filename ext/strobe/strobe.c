@@ -116,6 +116,14 @@ native_results(VALUE self)
     return rb_ensure(build_results, Qnil, clear_profile, Qnil);
 }
 
+/* Strobe::Native.memsize -> bytes held by the current profile (tables,
+ * counts and sample log); bench/ uses it for bytes per raw sample. */
+static VALUE
+native_memsize(VALUE self)
+{
+    return SIZET2NUM(strobe_profile_memsize());
+}
+
 void
 Init_strobe(void)
 {
@@ -137,5 +145,8 @@ Init_strobe(void)
     /* On Strobe itself, so the sampled leaf reads "Strobe.sample". */
     rb_define_singleton_method(mStrobe, "sample", native_sample, 0);
     rb_define_singleton_method(mNative, "results", native_results, 0);
+    rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
+    /* Signal name for Signal.trap / Process.kill (tests deliver it). */
+    rb_define_const(mNative, "SIGNAL", rb_str_new_cstr(STROBE_SIGNAL_TRAP));
     strobe_compact_define(mNative);
 }

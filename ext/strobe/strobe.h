@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <sys/types.h>
 #include <time.h>
+#include <signal.h>
 
 /* Deepest stack recorded; deeper stacks keep their innermost frames. */
 #define STROBE_MAX_DEPTH 1024
@@ -28,6 +29,12 @@
 #define STROBE_RING_SLOTS 32
 /* Timestamps one slot can hold for consecutive identical stacks. */
 #define STROBE_SLOT_TIMES 64
+/* The sampling signal: default action "ignore", so exec and late delivery
+ * are harmless (see sampler.c). */
+#define STROBE_SIGNAL SIGURG
+#define STROBE_SIGNAL_NAME "SIGURG"
+#define STROBE_SIGNAL_TRAP "URG"
+
 /* Threads the sampler can target (issue 2: the thread that called start). */
 #define STROBE_MAX_THREADS 64
 

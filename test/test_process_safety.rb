@@ -1,0 +1,136 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Things that can crash or hang a profiled program run in child processes,
+# each with a timeout.
+class TestProcessSafety < Minitest::Test
+  BUSY = <<~RUBY
+    def busy(seconds)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+      x = 0
+      x += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      x
+    end
+  RUBY
+
+  def assert_clean_exit(out, err, status)
+    assert status.success?, "child failed (#{status.inspect}):\n#{err}"
+    refute_match(/\[BUG\]|Segmentation|Abort/, err)
+    out
+  end
+
+  def test_fork_child_stops_and_parent_keeps_profiling
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      #{BUSY}
+      def after_fork = busy(0.3)
+      Strobe.start(mode: :wall, interval: 200, raw: true)
+      busy(0.1)
+      pid = fork do
+        $stdout.sync = true
+        print "child-running=\#{Strobe.running?} "
+        busy(0.2) # no timer follows us here: a signal would find no handler state
+        print "child-start=\#{Strobe.start(mode: :custom)} "
+        Strobe.sample
+        Strobe.stop
+        exit!(Strobe.results[:samples] >= 1 ? 0 : 3)
+      end
+      after_fork
+      Process.wait(pid)
+      print "child-status=\#{$?.exitstatus} "
+      Strobe.stop
+      r = Strobe.results
+      after = r[:frames].values.find { |f| f[:name] == "Object#after_fork" }
+      print "parent-after-fork=\#{after && after[:total_samples] > 0}"
+    RUBY
+    assert_includes out, "child-running=false"
+    assert_includes out, "child-start=true"
+    assert_includes out, "child-status=0"
+    assert_includes out, "parent-after-fork=true"
+  end
+
+  def test_exit_while_profiling
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      #{BUSY}
+      Strobe.start(mode: :wall, interval: 50, raw: true)
+      busy(0.2)
+      puts "exiting"
+      exit 0
+    RUBY
+    assert_equal "exiting\n", out
+  end
+
+  def test_exit_from_a_thread_while_profiling
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      #{BUSY}
+      Strobe.start(mode: :cpu, interval: 50)
+      Thread.new { busy(0.1) }.join
+      busy(0.1)
+      puts "done"
+    RUBY
+    assert_equal "done\n", out
+  end
+
+  def test_exec_while_profiling
+    5.times do
+      out = assert_clean_exit(*run_ruby(<<~RUBY))
+        require "strobe"
+        #{BUSY}
+        Strobe.start(mode: :wall, interval: 20)
+        busy(0.05)
+        exec(#{RbConfig.ruby.inspect}, "-e", "sleep 0.05; puts :replaced")
+      RUBY
+      assert_equal "replaced\n", out
+    end
+  end
+
+  def test_late_signal_after_stop_is_harmless
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      Strobe.run(mode: :wall, interval: 100) { sleep 0.05 }
+      3.times { Process.kill(Strobe::Native::SIGNAL, Process.pid) }
+      sleep 0.05
+      puts "alive"
+    RUBY
+    assert_equal "alive\n", out
+  end
+
+  def test_start_stop_many_times
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      #{BUSY}
+      200.times do |i|
+        Strobe.start(mode: i.even? ? :wall : :cpu, interval: 100, raw: i % 3 == 0)
+        busy(0.002)
+        Strobe.stop
+      end
+      r = Strobe.results
+      puts r[:samples] > 0
+    RUBY
+    assert_equal "true\n", out
+  end
+
+  def test_previous_ignore_disposition_is_kept
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      trap(Strobe::Native::SIGNAL, "IGNORE")
+      Strobe.run(mode: :wall, interval: 1000) { sleep 0.01 }
+      Process.kill(Strobe::Native::SIGNAL, Process.pid)
+      puts "ignored"
+    RUBY
+    assert_equal "ignored\n", out
+  end
+
+  def test_exit_with_pending_samples_in_object_mode
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      Strobe.start(mode: :object, interval: 1, raw: true)
+      a = Array.new(10_000) { |i| "x\#{i}" }
+      puts a.size
+    RUBY
+    assert_equal "10000\n", out
+  end
+end
