@@ -1,0 +1,102 @@
+# frozen_string_literal: true
+
+# Profiles the whole program that loads this file, e.g.
+#
+#   RUBYOPT="-r/path/to/strobe/lib/strobe/autorun.rb" ruby app.rb
+#
+# (`strobe run` sets this up). Settings come from the environment:
+#
+#   STROBE_MODE      wall (default), cpu, object or custom
+#   STROBE_INTERVAL  sampling interval (microseconds; allocations in object mode)
+#   STROBE_RAW       1/true to keep raw samples (0/false/empty: not)
+#   STROBE_OUT       where the profile is written (default strobe-profile.json)
+#
+# The profile is written when the program exits, after the program's own
+# at_exit handlers (this one is registered first, so it runs last). A bad
+# setting or a failure is reported as one `strobe: ...` line on stderr and
+# never stops the program. Forked children do not write the profile: only the
+# process that started profiling does. Every Ruby process started with this
+# RUBYOPT profiles itself and writes STROBE_OUT, so a program that runs other
+# Ruby programs leaves the profile of whichever exits last.
+
+module Strobe
+  # Reads the STROBE_* environment and profiles the current process.
+  class Autorun
+    DEFAULT_OUT = "strobe-profile.json"
+    TRUE_VALUES = %w[1 true yes on].freeze
+    FALSE_VALUES = ["", "0", "false", "no", "off"].freeze
+
+    def initialize(env = ENV, err: $stderr)
+      @env = env
+      @err = err
+      @pid = nil
+    end
+
+    # Starts profiling and arranges for the profile to be written at exit.
+    # Returns true when profiling started.
+    def start
+      require_relative "../strobe"
+      opts = options
+      out = opts.fetch(:out)
+      unless Strobe.start(**opts)
+        warn_line "the profiler is already running; not profiling this program"
+        return false
+      end
+
+      @pid = Process.pid
+      at_exit { finish(out) }
+      true
+    rescue StandardError, ScriptError => e
+      warn_line "not profiling: #{e.message}"
+      false
+    end
+
+    # The options for Strobe.start from the environment; raises ArgumentError
+    # for a value that cannot be used.
+    def options
+      opts = { mode: (@env["STROBE_MODE"] || "wall").strip, raw: flag("STROBE_RAW"),
+               out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
+      interval = present("STROBE_INTERVAL")
+      opts[:interval] = integer("STROBE_INTERVAL", interval) if interval
+      opts
+    end
+
+    private
+
+    def finish(out)
+      return unless Process.pid == @pid
+
+      Strobe.stop
+      Strobe.results(out)
+    rescue StandardError => e
+      warn_line "could not write the profile to #{out}: #{e.message}"
+    end
+
+    def present(name)
+      value = @env[name]&.strip
+      value unless value.nil? || value.empty?
+    end
+
+    def flag(name)
+      value = @env[name].to_s.strip.downcase
+      return true if TRUE_VALUES.include?(value)
+      return false if FALSE_VALUES.include?(value)
+
+      raise ArgumentError, "#{name} must be 1 or 0 (or true/false), got #{@env[name].inspect}"
+    end
+
+    def integer(name, value)
+      Integer(value, 10)
+    rescue ArgumentError
+      raise ArgumentError, "#{name} must be an integer, got #{value.inspect}"
+    end
+
+    def warn_line(message)
+      @err.puts "strobe: #{message.to_s.lines.first.to_s.chomp}"
+    rescue StandardError
+      nil
+    end
+  end
+end
+
+Strobe::Autorun.new.start

@@ -1,0 +1,323 @@
+# frozen_string_literal: true
+
+require "optparse"
+require_relative "version"
+require_relative "options"
+require_relative "report"
+
+module Strobe
+  # The `strobe` command line:
+  #
+  #   strobe run [options] [--] COMMAND...   profile COMMAND, then report
+  #   strobe report [options] FILE           report a saved profile
+  #
+  # Strobe::CLI.new(argv).run returns the exit status instead of exiting, and
+  # reports every problem as one `strobe: ...` line on err, never a backtrace.
+  class CLI
+    DEFAULT_OUT = "strobe-profile.json"
+    LIB_DIR = File.expand_path("..", __dir__)
+    AUTORUN = File.expand_path("autorun.rb", __dir__)
+    MODES = Options::MODES.map(&:to_s).freeze
+
+    # A command line that cannot be carried out; its message is shown as is.
+    class UsageError < StandardError; end
+
+    def initialize(argv, out: $stdout, err: $stderr)
+      @argv = argv.dup
+      @out = out
+      @err = err
+    end
+
+    # Runs the command line and returns the exit status.
+    def run
+      catch(:exit) { dispatch(@argv.dup) }
+    rescue OptionParser::ParseError => e
+      error "#{e.message} (see strobe #{"#{@command} " if @command}--help)"
+    rescue UsageError => e
+      error e.message
+    rescue Errno::EPIPE
+      0 # the reader of our output went away (e.g. `| head`)
+    rescue Interrupt
+      130
+    rescue StandardError => e
+      raise if ENV["STROBE_DEBUG"]
+
+      error "#{e.class}: #{e.message.lines.first&.chomp} (STROBE_DEBUG=1 shows the backtrace)"
+    end
+
+    private
+
+    def dispatch(args)
+      command = args.shift
+      case command
+      when "run", "report"
+        @command = command
+        command == "run" ? run_command(args) : report_command(args)
+      when "help" then help(args.first)
+      when "-h", "--help" then help(nil)
+      when "-v", "--version" then version
+      when nil
+        @err.puts general_help
+        1
+      when /\A-/ then raise OptionParser::InvalidOption, command
+      else raise UsageError, "unknown command: #{command} (commands: run, report; see strobe --help)"
+      end
+    end
+
+    # --- strobe run ----------------------------------------------------------
+
+    def run_command(args)
+      settings = { mode: "wall", interval: nil, raw: false, out: DEFAULT_OUT, limit: nil, sort_by_total: false }
+      run_parser(settings).order!(args) # stops at COMMAND, so its own options are left alone
+      raise UsageError, "run: no COMMAND given (see strobe run --help)" if args.empty?
+
+      out = File.expand_path(settings[:out])
+      check_run_settings(settings, out)
+      before = file_signature(out)
+      status = spawn_and_wait(run_env(settings, out), args)
+      return status if status.is_a?(Integer) # could not start it
+
+      finish_run(args, status, out, before, settings)
+    end
+
+    def run_parser(settings)
+      OptionParser.new do |parser|
+        parser.banner = "Usage: strobe run [options] [--] COMMAND [ARGS...]"
+        parser.separator ""
+        parser.separator "Runs COMMAND (e.g. `ruby app.rb`) with every Ruby process it starts profiled by Strobe"
+        parser.separator "(through RUBYOPT), then prints the text report of the profile. Exits with COMMAND's status."
+        parser.separator ""
+        parser.separator "Options:"
+        parser.on("-m", "--mode MODE", "Sampling mode: #{MODES.join(', ')} (default: wall)") do |mode|
+          settings[:mode] = mode
+        end
+        parser.on("-i", "--interval N", Integer,
+                  "Sampling interval: microseconds, or allocations in object mode (default: 1000 / 1)") do |n|
+          settings[:interval] = n
+        end
+        parser.on("--raw", "Keep the raw samples in the profile (for flame graphs)") { settings[:raw] = true }
+        parser.on("-o", "--out FILE", "Where to write the profile (default: #{DEFAULT_OUT} in the current directory)") do |file|
+          settings[:out] = file
+        end
+        report_options(parser, settings)
+        common_options(parser)
+      end
+    end
+
+    def check_run_settings(settings, out)
+      unless MODES.include?(settings[:mode])
+        raise UsageError, "run: invalid mode: #{settings[:mode]} (use one of #{MODES.join(', ')})"
+      end
+
+      # The profiler's own checks of the interval and of the out path.
+      Options.new(mode: settings[:mode], interval: settings[:interval], out: out)
+      if [LIB_DIR, out].any? { |path| path.match?(/\s/) }
+        raise UsageError, "cannot run with a space in Strobe's directory (#{LIB_DIR}) or in the profile path " \
+                          "(#{out}): RUBYOPT and the environment cannot carry it"
+      end
+    rescue ArgumentError => e
+      raise UsageError, "run: #{e.message}"
+    end
+
+    # The child's environment: Strobe is loaded by RUBYOPT and configured by
+    # STROBE_*; a nil value removes a variable inherited from our environment.
+    def run_env(settings, out)
+      rubyopt = [ENV["RUBYOPT"], "-I#{LIB_DIR}", "-r#{AUTORUN}"].compact.reject(&:empty?).join(" ")
+      {
+        "RUBYOPT" => rubyopt,
+        "STROBE_MODE" => settings[:mode],
+        "STROBE_INTERVAL" => settings[:interval]&.to_s,
+        "STROBE_RAW" => settings[:raw] ? "1" : "0",
+        "STROBE_OUT" => out,
+      }
+    end
+
+    # Runs command with our stdio and returns its Process::Status, or an exit
+    # status when it could not be started. While it runs, Ctrl-C is left to
+    # the child (it gets it from the terminal too) so that it can write its
+    # profile, and TERM is passed on to it.
+    def spawn_and_wait(env, command)
+      pid = Process.spawn(env, *command)
+      previous = { "INT" => trap("INT") {}, "TERM" => trap("TERM") { signal_child(pid, "TERM") } }
+      begin
+        Process.wait2(pid).last
+      ensure
+        previous.each { |signal, handler| trap(signal, handler || "SYSTEM_DEFAULT") }
+      end
+    rescue SystemCallError => e
+      error "cannot run #{command.first}: #{system_reason(e)}"
+    end
+
+    def signal_child(pid, signal)
+      Process.kill(signal, pid)
+    rescue SystemCallError
+      nil
+    end
+
+    def finish_run(command, status, out, before, settings)
+      child_status = exit_status(status)
+      if file_signature(out).nil? || file_signature(out) == before
+        error "#{command.join(' ')} #{describe(status)} without writing a profile to #{out}"
+        return child_status.zero? ? 1 : child_status
+      end
+
+      @out.puts "strobe: profile written to #{out}"
+      report_status = print_report(out, limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+      report_status.zero? ? child_status : report_status
+    end
+
+    # Identifies the file's current contents well enough to tell whether the
+    # child wrote it (it is replaced by a rename, so the inode changes).
+    def file_signature(path)
+      stat = File.stat(path)
+      [stat.dev, stat.ino, stat.size, stat.mtime.to_r] if stat.file?
+    rescue SystemCallError
+      nil
+    end
+
+    def exit_status(status)
+      return status.exitstatus if status.exitstatus
+      return 128 + status.termsig if status.signaled?
+
+      1
+    end
+
+    def describe(status)
+      if status.signaled?
+        "was killed by signal #{Signal.signame(status.termsig) || status.termsig}"
+      else
+        "exited with status #{status.exitstatus}"
+      end
+    end
+
+    # --- strobe report -------------------------------------------------------
+
+    def report_command(args)
+      settings = { limit: nil, sort_by_total: false }
+      report_parser(settings).parse!(args)
+      raise UsageError, "report: no FILE given (see strobe report --help)" if args.empty?
+      raise UsageError, "report: expected one FILE, got #{args.size}: #{args.join(' ')}" if args.size > 1
+
+      print_report(args.first, **settings)
+    end
+
+    def report_parser(settings)
+      OptionParser.new do |parser|
+        parser.banner = "Usage: strobe report [options] FILE"
+        parser.separator ""
+        parser.separator "Prints the text report of a profile written by Strobe (JSON, or gzipped JSON)."
+        parser.separator ""
+        parser.separator "Options:"
+        parser.on("--text", "Text report: frames by self samples (the default and only format)")
+        report_options(parser, settings)
+        common_options(parser)
+      end
+    end
+
+    def print_report(path, limit:, sort_by_total:)
+      result = load_profile(path)
+      return 1 unless result
+
+      Report.new(result).print_text(@out, limit: limit, sort_by_total: sort_by_total)
+      0
+    end
+
+    def load_profile(path)
+      return nil unless require_engine
+
+      begin
+        result = Strobe.load(path)
+        Report.new(result) # checks the shape
+        result
+      rescue Strobe::ProfileError, SystemCallError, ArgumentError => e
+        error "cannot read profile #{path}: #{load_failure_reason(e, path)}"
+        nil
+      end
+    end
+
+    # Why a profile could not be read, without repeating its path.
+    def load_failure_reason(error, path)
+      return system_reason(error) if error.is_a?(SystemCallError)
+
+      error.message.delete_prefix("#{path}: ")
+    end
+
+    def require_engine
+      require_relative "../strobe"
+      true
+    rescue LoadError => e
+      error "cannot load Strobe (is the extension built? try `rake compile`): #{e.message}"
+      false
+    end
+
+    # --- shared --------------------------------------------------------------
+
+    def report_options(parser, settings)
+      parser.on("-l", "--limit N", Integer, "Show only the first N frames") do |n|
+        raise OptionParser::InvalidArgument, "#{n} (must be at least 1)" if n < 1
+
+        settings[:limit] = n
+      end
+      parser.on("--sort-total", "Sort frames by total samples instead of self samples") do
+        settings[:sort_by_total] = true
+      end
+    end
+
+    def common_options(parser)
+      parser.on("-h", "--help", "Show this help") do
+        @out.puts parser
+        throw :exit, 0
+      end
+      parser.on("-v", "--version", "Show Strobe's version") { throw :exit, version }
+    end
+
+    def help(command)
+      case command
+      when nil then @out.puts general_help
+      when "run" then @out.puts run_parser({})
+      when "report" then @out.puts report_parser({})
+      else raise UsageError, "unknown command: #{command} (commands: run, report)"
+      end
+      0
+    end
+
+    def general_help
+      <<~HELP
+        Usage: strobe COMMAND [options]
+
+        Strobe is a sampling call-stack profiler for Ruby.
+
+        Commands:
+          run [options] [--] COMMAND...   Profile COMMAND (e.g. `ruby app.rb`), write the profile
+                                          (default: #{DEFAULT_OUT}) and print its report
+          report [options] FILE           Print the text report of a saved profile
+          help [COMMAND]                  Show help for a command
+
+        Options:
+          -h, --help                      Show this help
+          -v, --version                   Show Strobe's version
+
+        Example:
+          strobe run --mode cpu -- ruby examples/busy.rb
+      HELP
+    end
+
+    def version
+      @out.puts "strobe #{VERSION}"
+      0
+    end
+
+    # The reason without the path and the call Ruby adds ("... @ rb_sysopen - FILE").
+    def system_reason(error)
+      error.class < SystemCallError ? error.class.new.message : error.message
+    end
+
+    # Prints one line on err and returns the exit status 1.
+    def error(message)
+      line = message.to_s.gsub(/\s+/, " ").strip
+      line = "#{line[0, 297]}..." if line.length > 300
+      @err.puts "strobe: #{line}"
+      1
+    end
+  end
+end

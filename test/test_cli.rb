@@ -1,0 +1,290 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "json"
+require "stringio"
+require "tmpdir"
+require "strobe/cli"
+
+module CLITestHelpers
+  ROOT = File.expand_path("..", __dir__)
+  EXE = File.join(ROOT, "exe", "strobe")
+  AUTORUN = File.join(ROOT, "lib", "strobe", "autorun.rb")
+
+  def setup
+    super
+    @dir = Dir.mktmpdir("strobe-cli")
+  end
+
+  def teardown
+    FileUtils.remove_entry(@dir) if @dir
+    super
+  end
+
+  def path(name)
+    File.join(@dir, name)
+  end
+
+  # Runs the CLI in-process: [exit status, stdout, stderr].
+  def cli(*argv)
+    out = StringIO.new
+    err = StringIO.new
+    status = Strobe::CLI.new(argv, out: out, err: err).run
+    [status, out.string, err.string]
+  end
+
+  def assert_one_error_line(err, pattern)
+    assert_equal 1, err.lines.size, "expected one line on stderr, got:\n#{err}"
+    assert_match(/\Astrobe: /, err)
+    assert_match pattern, err
+  end
+
+  # Runs a command in a child process, killed after timeout seconds (a
+  # safeguard against a hang, not a timing check): [stdout, stderr, status].
+  def run_command(env, *command, chdir: @dir, timeout: 120)
+    Open3.popen3(env, *command, chdir: chdir) do |stdin, stdout, stderr, wait|
+      stdin.close
+      out = Thread.new { stdout.read }
+      err = Thread.new { stderr.read }
+      unless wait.join(timeout)
+        Process.kill(:KILL, wait.pid)
+        flunk "#{command.join(' ')} did not finish within #{timeout}s"
+      end
+      [out.value, err.value, wait.value]
+    end
+  end
+
+  # A small result in the documented shape: 10 samples, 1 of them in GC.
+  def fixture
+    {
+      version: 1.2, mode: :cpu, interval: 1000, samples: 10, gc_samples: 1, missed_samples: 0, metadata: {},
+      frames: {
+        1 => { name: "<main>", file: "main.rb", line: 1, total_samples: 9, samples: 0, edges: { 2 => 9 } },
+        2 => { name: "Worker#spin", file: "main.rb", line: 2, total_samples: 9, samples: 6, edges: { 3 => 3 } },
+        3 => { name: "Worker#tick", file: "main.rb", line: 7, total_samples: 3, samples: 3 },
+        4 => { name: "(garbage collection)", file: "", total_samples: 1, samples: 1 },
+      },
+    }
+  end
+
+  def fixture_text(**options)
+    io = StringIO.new
+    Strobe::Report.new(fixture).print_text(io, **options)
+    io.string
+  end
+end
+
+class TestCLI < Minitest::Test
+  include CLITestHelpers
+
+  def test_version
+    assert_equal [0, "strobe #{Strobe::VERSION}\n", ""], cli("--version")
+  end
+
+  def test_help
+    status, out, err = cli("--help")
+    assert_equal 0, status
+    assert_equal "", err
+    assert_match(/^Usage: strobe COMMAND/, out)
+    assert_match(/^  run /, out)
+    assert_match(/^  report /, out)
+    assert_equal cli("--help"), cli("-h")
+  end
+
+  def test_command_help
+    status, out, = cli("run", "--help")
+    assert_equal 0, status
+    assert_match(/^Usage: strobe run/, out)
+    assert_includes out, "--mode MODE"
+    assert_includes out, "strobe-profile.json"
+
+    status, out, = cli("help", "report")
+    assert_equal 0, status
+    assert_match(/^Usage: strobe report/, out)
+    assert_equal out, cli("report", "-h")[1]
+  end
+
+  def test_no_arguments_prints_usage_and_fails
+    status, out, err = cli
+    assert_equal 1, status
+    assert_equal "", out
+    assert_match(/^Usage: strobe/, err)
+  end
+
+  def test_unknown_command
+    status, out, err = cli("frobnicate")
+    assert_equal 1, status
+    assert_equal "", out
+    assert_one_error_line err, /unknown command: frobnicate/
+  end
+
+  def test_unknown_options
+    [%w[--bogus], %w[report --bogus x.json], %w[run --bogus ruby]].each do |argv|
+      status, out, err = cli(*argv)
+      assert_equal 1, status, argv.inspect
+      assert_equal "", out
+      assert_one_error_line err, /invalid option: --bogus/
+    end
+  end
+
+  def test_report_of_a_saved_profile
+    Strobe.save(fixture, path("p.json"))
+    assert_equal [0, fixture_text, ""], cli("report", path("p.json"))
+    assert_equal [0, fixture_text, ""], cli("report", "--text", path("p.json"))
+  end
+
+  def test_report_options_may_follow_the_file
+    Strobe.save(fixture, path("p.json.gz"))
+    assert_equal [0, fixture_text(limit: 2, sort_by_total: true), ""],
+                 cli("report", path("p.json.gz"), "--limit", "2", "--sort-total")
+  end
+
+  def test_report_of_a_stackprof_json_file
+    File.write(path("stackprof.json"), JSON.generate(fixture))
+    status, out, err = cli("report", path("stackprof.json"))
+    assert_equal 0, status, err
+    assert_equal fixture_text, out
+  end
+
+  def test_report_of_a_missing_file
+    status, out, err = cli("report", path("missing.json"))
+    assert_equal 1, status
+    assert_equal "", out
+    assert_one_error_line err, /\Astrobe: cannot read profile #{Regexp.escape(path('missing.json'))}: .*No such file/
+  end
+
+  def test_report_of_corrupt_files
+    Strobe.save(fixture, path("good.json"))
+    good = File.binread(path("good.json"))
+    Strobe.save(fixture, path("good.json.gz"))
+    files = {
+      "garbage.json" => "this is not a profile\n",
+      "empty.json" => "",
+      "truncated.json" => good[0, good.size / 2],
+      "truncated.json.gz" => File.binread(path("good.json.gz"))[0, 30],
+      "array.json" => "[1, 2, 3]",
+      "marshal.dump" => Marshal.dump(fixture),
+    }
+    files.each do |name, bytes|
+      File.binwrite(path(name), bytes)
+      status, out, err = cli("report", path(name))
+      assert_equal 1, status, name
+      assert_equal "", out, name
+      assert_one_error_line err, /\Astrobe: cannot read profile #{Regexp.escape(path(name))}: \S/
+      assert_equal 1, err.scan(path(name)).size, "the path is named once: #{err}"
+    end
+  end
+
+  def test_report_of_a_directory
+    status, _, err = cli("report", @dir)
+    assert_equal 1, status
+    assert_one_error_line err, /cannot read profile/
+  end
+
+  def test_report_usage_errors
+    [%w[report], %w[report a.json b.json], %w[report --limit 0 a.json], %w[report --limit x a.json]].each do |argv|
+      status, out, err = cli(*argv)
+      assert_equal 1, status, argv.inspect
+      assert_equal "", out
+      assert_one_error_line err, /./
+    end
+  end
+
+  def test_run_usage_errors
+    [
+      [%w[run], /no COMMAND/],
+      [%w[run --mode], /missing argument: --mode/],
+      [%w[run --mode sideways ruby], /invalid mode: sideways/],
+      [%w[run --interval 0 ruby], /interval/],
+      [%w[run --interval soon ruby], /invalid argument: --interval soon/],
+      [["run", "--out", path("no/such/dir/p.json"), "ruby"], /not writable/],
+    ].each do |argv, pattern|
+      status, out, err = cli(*argv)
+      assert_equal 1, status, argv.inspect
+      assert_equal "", out
+      assert_one_error_line err, pattern
+    end
+  end
+
+  def test_run_of_a_command_that_does_not_exist
+    status, _, err = cli("run", "--out", path("p.json"), "--", path("no-such-command"))
+    assert_equal 1, status
+    assert_one_error_line err, /cannot run .*no-such-command/
+  end
+
+  def test_run_reports_and_returns_the_status_of_the_command
+    status, out, err = cli("run", "--mode", "custom", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit 5")
+    assert_equal 5, status
+    assert_equal "", err
+    assert_equal "strobe: profile written to #{path('p.json')}\n", out.lines.first
+    assert_includes out, "Mode: custom"
+    assert_includes out, "No samples were collected."
+    assert_equal "custom", Strobe.load(path("p.json"))[:mode].to_s
+  end
+
+  def test_run_of_a_command_that_writes_no_profile
+    File.write(path("p.json"), "an old file, not replaced")
+    status, out, err = cli("run", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 3")
+    assert_equal 3, status
+    assert_equal "", out
+    assert_one_error_line err, /exited with status 3 without writing a profile to #{Regexp.escape(path('p.json'))}/
+
+    status, _, err = cli("run", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 0")
+    assert_equal 1, status
+    assert_match(/without writing a profile/, err)
+  end
+
+  # The whole path, as a user runs it: exe/strobe in its own process.
+  def test_run_profiles_the_example_program
+    out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "cpu", "--",
+                                   RbConfig.ruby, File.join(ROOT, "examples", "busy.rb"), "0.5")
+    assert status.success?, "strobe run failed (#{status.inspect}):\n#{err}"
+    assert_equal "", err
+    profile = File.join(@dir, "strobe-profile.json")
+    assert_equal "strobe: profile written to #{profile}\n", out.lines.first
+    assert_includes out, "  Mode: cpu(1000)\n"
+    %w[Busy#run Busy#crunch_numbers Busy#build_strings Busy#sort_records].each do |name|
+      assert_match(/^ +\d+ +\([\d.]+%\) +\d+ +\([\d.]+%\)     #{Regexp.escape(name)}$/, out)
+    end
+    result = Strobe.load(profile)
+    assert_equal "cpu", result[:mode].to_s
+    assert_operator result[:samples], :>, 0
+  end
+end
+
+class TestAutorun < Minitest::Test
+  include CLITestHelpers
+
+  def autorun_env(**vars)
+    { "RUBYOPT" => "-I#{File.join(ROOT, 'lib')} -r#{AUTORUN}", "STROBE_OUT" => path("p.json") }
+      .merge(vars.transform_keys { |key| "STROBE_#{key.upcase}" })
+  end
+
+  def test_profile_includes_the_programs_own_at_exit_handlers
+    _, err, status = run_command(autorun_env(mode: "custom"), RbConfig.ruby, "-e", "at_exit { Strobe.sample }")
+    assert status.success?, err
+    assert_equal 1, Strobe.load(path("p.json"))[:samples]
+  end
+
+  def test_bad_settings_warn_and_leave_the_program_alone
+    { interval: "soon", mode: "sideways", raw: "perhaps" }.each do |name, value|
+      out, err, status = run_command(autorun_env(name => value), RbConfig.ruby, "-e", "puts :ran; exit 4")
+      assert_equal 4, status.exitstatus, err
+      assert_equal "ran\n", out
+      assert_one_error_line err, /STROBE_#{name.upcase}|#{value}/
+      refute File.exist?(path("p.json"))
+    end
+  end
+
+  def test_only_the_process_that_started_writes_the_profile
+    code = <<~RUBY
+      pid = fork { Strobe.sample }
+      Process.wait(pid)
+      puts File.exist?(ENV["STROBE_OUT"])
+    RUBY
+    out, err, status = run_command(autorun_env(mode: "custom"), RbConfig.ruby, "-e", code)
+    assert status.success?, err
+    assert_equal "false\n", out
+    assert File.exist?(path("p.json"))
+  end
+end
