@@ -14,20 +14,24 @@ module StrobeTestHelpers
   ROOT = File.expand_path("..", __dir__)
   LIB = File.join(ROOT, "lib")
 
-  # Runs Ruby code in a child process with Strobe loadable; kills it after
-  # timeout seconds. Returns [stdout, stderr, Process::Status].
-  def run_ruby(code, timeout: 60, env: {})
-    cmd = [RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code]
-    Open3.popen3(env, *cmd) do |stdin, stdout, stderr, wait|
+  # Runs a command in a child process, killed after timeout seconds (a
+  # safeguard against a hang, not a timing check): [stdout, stderr, status].
+  def run_command(env, *command, chdir: Dir.pwd, timeout: 120)
+    Open3.popen3(env, *command, chdir: chdir) do |stdin, stdout, stderr, wait|
       stdin.close
       out = Thread.new { stdout.read }
       err = Thread.new { stderr.read }
       unless wait.join(timeout)
         Process.kill(:KILL, wait.pid)
-        flunk "child process did not finish within #{timeout}s:\n#{code}"
+        flunk "#{command.join(' ')} did not finish within #{timeout}s"
       end
       [out.value, err.value, wait.value]
     end
+  end
+
+  # Runs Ruby code in a child process with Strobe loadable.
+  def run_ruby(code, timeout: 60, env: {})
+    run_command(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code, timeout: timeout)
   end
 
   # Frames of a result by name: {name => frame}. Names must be unique.
