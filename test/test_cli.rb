@@ -211,6 +211,21 @@ class TestCLI < Minitest::Test
     assert_equal "custom", Strobe.load(path("p.json"))[:mode].to_s
   end
 
+  def test_run_passes_its_settings_to_the_command
+    status, _, err = cli("run", "--mode", "custom", "--raw", "--out", path("raw.json"), "--",
+                         RbConfig.ruby, "-e", "2.times { Strobe.sample }")
+    assert_equal 0, status, err
+    result = Strobe.load(path("raw.json"))
+    assert_equal 2, result[:samples]
+    assert result[:raw], "raw samples kept"
+
+    status, _, err = cli("run", "-m", "wall", "-i", "2500", "-o", path("wall.json"), RbConfig.ruby, "-e", "0")
+    assert_equal 0, status, err
+    result = Strobe.load(path("wall.json"))
+    assert_equal ["wall", 2500], [result[:mode].to_s, result[:interval]]
+    refute result[:raw]
+  end
+
   def test_run_of_a_command_that_writes_no_profile
     File.write(path("p.json"), "an old file, not replaced")
     status, out, err = cli("run", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 3")

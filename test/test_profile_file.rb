@@ -127,6 +127,13 @@ class TestProfileFile < Minitest::Test
     assert_corrupt good.sub('"strobe_file":1', '"strobe_file":99'), /format 99 is not supported/
   end
 
+  def test_values_of_the_wrong_type_raise_profile_error
+    doc = Strobe::ProfileFile.encode(profile)
+    assert_corrupt JSON.generate(doc.merge(gc_samples: [])), /malformed profile/
+    assert_corrupt JSON.generate(doc.merge(threads: [1, 2])), /malformed profile/
+    assert_corrupt JSON.generate({ mode: "cpu", samples: 1, frames: { "1": 5 } }), /malformed profile/
+  end
+
   def test_corrupt_stacks_raise_profile_error
     doc = Strobe::ProfileFile.encode(profile)
     bad_node = Marshal.load(Marshal.dump(doc))

@@ -65,7 +65,12 @@ module Strobe
       end
       raise ProfileError, "#{name}: not a profile (expected a JSON object)" unless doc.is_a?(Hash)
 
-      decode(doc, name)
+      begin
+        decode(doc, name)
+      rescue TypeError, NoMethodError, ArgumentError => e
+        # A value of the wrong JSON type somewhere in the document.
+        raise ProfileError, "#{name}: malformed profile (#{e.message.lines.first.chomp})"
+      end
     end
 
     def gunzip(bytes, name)
