@@ -229,9 +229,16 @@ timer_main(void *arg)
             }
             send_signal(t);
         }
-        /* Late by more than an interval (machine busy): do not burst. */
+        /* Late by more than an interval (machine busy): do not burst, but
+         * in wall mode every tick skipped is a sample owed, so count it as
+         * missed rather than let the rate drop silently. (In CPU mode the
+         * next check still sees all CPU time used, so nothing is lost.) */
         int64_t now = clock_ns(CLOCK_MONOTONIC);
-        if (now - next > interval_ns) next = now;
+        if (now - next > interval_ns) {
+            if (S.mode == STROBE_MODE_WALL)
+                strobe_profile_add_missed((uint64_t)((now - next) / interval_ns) * (uint64_t)n);
+            next = now;
+        }
     }
     pthread_mutex_unlock(&S.timer_lock);
     return NULL;
