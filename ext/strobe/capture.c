@@ -34,13 +34,6 @@ strobe_now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
-int
-strobe_capture_init(void)
-{
-    strobe_capture_reset();
-    return 0;
-}
-
 /* GVL held, nothing sampling: forget everything in the ring. */
 void
 strobe_capture_reset(void)

@@ -136,7 +136,7 @@ Init_strobe(void)
     gc_anchor = TypedData_Wrap_Struct(rb_cObject, &anchor_type, &strobe_profile);
     rb_gc_register_mark_object(gc_anchor);
 
-    strobe_capture_init();
+    strobe_capture_reset();
     strobe_sampler_init();
 
     rb_define_singleton_method(mNative, "start", native_start, 5);

@@ -86,7 +86,6 @@ typedef struct {
     int scratch_lines[STROBE_MAX_DEPTH];
 } strobe_thread_t;
 
-int strobe_capture_init(void);
 void strobe_capture_reset(void);
 /* Async-signal-safe: capture the current thread's stack (or a GC sample)
  * into the ring. Returns 1 when the sample was taken, 0 when missed. */
@@ -169,7 +168,6 @@ typedef struct {
     VALUE prev_frames[STROBE_MAX_DEPTH];
     int prev_lines[STROBE_MAX_DEPTH];
     int prev_depth;
-    int prev_gc_kind;
 } strobe_profile_t;
 
 extern strobe_profile_t strobe_profile;
