@@ -26,14 +26,6 @@ static strobe_slot_t ring[STROBE_RING_SLOTS];
 static _Atomic uint64_t write_seq; /* next sequence a producer reserves */
 static _Atomic uint64_t read_seq;  /* next sequence the drain consumes */
 
-int64_t
-strobe_now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* GVL held, nothing sampling: forget everything in the ring. */
 void
 strobe_capture_reset(void)

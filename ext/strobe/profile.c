@@ -8,8 +8,10 @@
  * samples store 32-bit microsecond offsets from it.
  *
  * Recording interns only the part of a stack that differs from the previous
- * stack recorded (a cached root-first path), so a steady program costs a
- * memcmp and a few hash probes per sample.
+ * stack recorded (kept with its node path), so a repeated stack costs one
+ * comparison per frame and a new leaf one child-cache probe per new frame.
+ * strobe_profile_record() is the one entry: the ring drain calls it per
+ * slot, custom and object modes call it directly (they hold the GVL).
  *
  * Signal safety: only strobe_profile_add_missed() (an atomic add). The rest
  * runs with the GVL held.
@@ -98,8 +100,8 @@ static void
 log_sample(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
 {
     strobe_chunk_t *c = p->last_chunk;
-    if (!c || c->len == STROBE_CHUNK_SAMPLES || time_us < c->base_us ||
-        time_us - c->base_us > (int64_t)UINT32_MAX) {
+    /* Unsigned: a time before the chunk's base wraps and also starts a chunk. */
+    if (!c || c->len == STROBE_CHUNK_SAMPLES || (uint64_t)(time_us - c->base_us) > UINT32_MAX) {
         strobe_chunk_t *fresh = malloc(sizeof(strobe_chunk_t));
         if (!fresh) rb_memerror();
         fresh->next = NULL;
@@ -116,21 +118,23 @@ log_sample(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
 static uint32_t
 intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int depth)
 {
-    int common = 0;
-    while (common < depth && common < p->prev_depth &&
-           p->prev_frames[common] == frames[depth - 1 - common] &&
-           p->prev_lines[common] == lines[depth - 1 - common])
-        common++;
+    /* Both stacks are innermost first; the previous one is stored against
+     * the end of its arrays, so the k-th frame from the root of either is
+     * at [-k] from its end and the common root part is found with one index. */
+    const VALUE *f = frames + depth, *pf = p->prev_frames + STROBE_MAX_DEPTH;
+    const int *l = lines + depth, *pl = p->prev_lines + STROBE_MAX_DEPTH;
+    uint32_t *path = p->prev_path + STROBE_MAX_DEPTH;
+    int limit = depth < p->prev_depth ? depth : p->prev_depth;
+    int k = 1;
+    while (k <= limit && pf[-k] == f[-k] && pl[-k] == l[-k])
+        k++;
 
-    uint32_t node = common ? p->prev_path[common - 1] : 0;
-    for (int j = common; j < depth; j++) {
-        VALUE frame = frames[depth - 1 - j];
-        int line = lines[depth - 1 - j];
-        uint32_t fid = strobe_stack_table_frame(&p->table, frame, STROBE_FRAME_RUBY);
-        node = strobe_stack_table_node(&p->table, node, fid, line);
-        p->prev_path[j] = node;
-        p->prev_frames[j] = frame;
-        p->prev_lines[j] = line;
+    uint32_t node = k > 1 ? path[1 - k] : 0;
+    for (; k <= depth; k++) {
+        node = strobe_stack_table_child(&p->table, node, f[-k], l[-k]);
+        path[-k] = node;
+        p->prev_frames[STROBE_MAX_DEPTH - k] = f[-k];
+        p->prev_lines[STROBE_MAX_DEPTH - k] = l[-k];
     }
     p->prev_depth = depth;
     return node;
@@ -149,26 +153,34 @@ intern_gc(strobe_profile_t *p, int kind)
 }
 
 void
-strobe_profile_record_slot(const strobe_slot_t *slot)
+strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, const int *lines,
+                      int depth, const int64_t *times, uint32_t n)
 {
     strobe_profile_t *p = &strobe_profile;
     if (!p->active) return;
 
-    uint32_t node = slot->gc_kind == STROBE_FRAME_RUBY
-                        ? intern_stack(p, slot->frames, slot->lines, slot->depth)
-                        : intern_gc(p, slot->gc_kind);
-    ensure_node_counts(p);
+    uint32_t node = gc_kind == STROBE_FRAME_RUBY ? intern_stack(p, frames, lines, depth)
+                                                 : intern_gc(p, gc_kind);
+    if (node >= p->node_self_capa) ensure_node_counts(p);
 
-    const strobe_thread_t *t = strobe_sampler_thread_at(slot->thread);
-    int thread = t ? strobe_profile_thread_index(t->tid, t->thread) : 0;
-    uint32_t n = slot->n_times;
-
+    int thread = 0;
+    if (t) {
+        if (t->profile_index < 0) t->profile_index = strobe_profile_thread_index(t->tid, t->thread);
+        thread = t->profile_index;
+    }
     p->node_self[node] += n;
     p->samples += n;
-    if (slot->gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
+    if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
     p->threads[thread].samples += n;
     if (p->raw)
-        for (uint32_t i = 0; i < n; i++) log_sample(p, node, slot->times[i], (uint16_t)thread);
+        for (uint32_t i = 0; i < n; i++) log_sample(p, node, times[i], (uint16_t)thread);
+}
+
+void
+strobe_profile_record_slot(const strobe_slot_t *slot)
+{
+    strobe_profile_record(strobe_sampler_thread_at(slot->thread), slot->gc_kind, slot->frames,
+                          slot->lines, slot->depth, slot->times, slot->n_times);
 }
 
 uint64_t

@@ -42,6 +42,7 @@ static struct {
     long interval;
     strobe_thread_t threads[STROBE_MAX_THREADS];
     atomic_int threads_len;
+    atomic_uint generation;  /* bumped whenever threads[] is reset */
 
     /* timer thread */
     pthread_t timer;
@@ -73,42 +74,63 @@ current_tid(void)
     return (pid_t)syscall(SYS_gettid);
 }
 
+/* The calling thread's registry entry, remembered per thread: valid while
+ * its generation matches S.generation. Initial-exec TLS is a fixed offset
+ * from the thread pointer, so reading it is async-signal-safe. */
+static __thread strobe_thread_t *self_entry __attribute__((tls_model("initial-exec")));
+static __thread unsigned self_generation __attribute__((tls_model("initial-exec")));
+
+/* Forget every registered thread (GVL held, nothing sampling). */
+static void
+reset_threads(void)
+{
+    atomic_store(&S.threads_len, 0);
+    atomic_fetch_add(&S.generation, 1);
+}
+
+/* Signal-safe. The calling thread's entry, or NULL if it is not registered. */
+strobe_thread_t *
+strobe_sampler_thread_for_self(void)
+{
+    unsigned generation = atomic_load(&S.generation);
+    if (self_entry && self_generation == generation) return self_entry;
+    pthread_t self = pthread_self();
+    int n = atomic_load(&S.threads_len);
+    for (int i = 0; i < n; i++) {
+        if (pthread_equal(S.threads[i].pthread, self)) {
+            self_entry = &S.threads[i];
+            self_generation = generation;
+            return self_entry;
+        }
+    }
+    return NULL;
+}
+
 /* GVL held. Registers the calling thread; returns its entry or NULL. */
 static strobe_thread_t *
 register_current_thread(void)
 {
-    pthread_t self = pthread_self();
+    strobe_thread_t *t = strobe_sampler_thread_for_self();
+    if (t) return t;
     int n = atomic_load(&S.threads_len);
-    for (int i = 0; i < n; i++)
-        if (pthread_equal(S.threads[i].pthread, self)) return &S.threads[i];
     if (n >= STROBE_MAX_THREADS) return NULL;
 
-    strobe_thread_t *t = &S.threads[n];
-    t->pthread = self;
+    t = &S.threads[n];
+    t->pthread = pthread_self();
     t->tid = current_tid();
     t->index = (uint16_t)n;
     t->thread = rb_thread_current();
     t->last_seq = -1;
-    t->samples = 0;
+    t->profile_index = -1;
     t->cpu_last_ns = 0;
     atomic_store(&t->in_handler, 0);
-    if (pthread_getcpuclockid(self, &t->cpu_clock) != 0)
+    if (pthread_getcpuclockid(t->pthread, &t->cpu_clock) != 0)
         t->cpu_clock = CLOCK_THREAD_CPUTIME_ID;
     atomic_store(&S.threads_len, n + 1); /* publish to handlers */
     return t;
 }
 
 strobe_thread_t *
-strobe_sampler_thread_for_self(void)
-{
-    pthread_t self = pthread_self();
-    int n = atomic_load(&S.threads_len);
-    for (int i = 0; i < n; i++)
-        if (pthread_equal(S.threads[i].pthread, self)) return &S.threads[i];
-    return NULL;
-}
-
-const strobe_thread_t *
 strobe_sampler_thread_at(int index)
 {
     return index < atomic_load(&S.threads_len) ? &S.threads[index] : NULL;
@@ -339,7 +361,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval)
 
     S.mode = mode;
     S.interval = interval;
-    atomic_store(&S.threads_len, 0);
+    reset_threads();
     strobe_thread_t *t = register_current_thread();
     if (!t) return "cannot register the current thread";
 
@@ -393,11 +415,27 @@ strobe_sampler_sample_now(void)
         strobe_profile_add_missed(1);
         return 0;
     }
-    int r = sample_thread(t);
+    /* The GVL is held, so the stack goes straight into the profile: no
+     * ring slot, no copy. Whatever a handler captured before comes first. */
+    if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) strobe_sampler_flush();
+    int taken = 1;
+    int gc_kind = STROBE_FRAME_RUBY;
+    int depth = 0;
+    if (rb_during_gc()) {
+        if (strobe_profile.ignore_gc) taken = -1;
+        gc_kind = gc_kind_now();
+    } else {
+        depth = rb_profile_frames(0, STROBE_MAX_DEPTH, t->scratch_frames, t->scratch_lines);
+        if (depth <= 0) taken = 0; /* no Ruby frame to attribute it to */
+    }
+    if (taken == 1) {
+        int64_t now = strobe_now_us();
+        strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, 1);
+    } else if (taken == 0) {
+        strobe_profile_add_missed(1);
+    }
     atomic_store(&t->in_handler, 0);
-    if (r == 0) strobe_profile_add_missed(1);
-    strobe_sampler_flush();
-    return r == 1;
+    return taken == 1;
 }
 
 void
@@ -416,7 +454,7 @@ atfork_child(void)
 {
     atomic_store(&S.running, 0);
     S.timer_started = 0;
-    atomic_store(&S.threads_len, 0);
+    reset_threads();
 }
 
 /* The VM is going away: no handler may touch it any more. */

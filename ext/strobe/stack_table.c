@@ -7,6 +7,10 @@
  * in creation order, so a parent's id is always below its children's.
  *
  * Both maps are open-addressing hash tables of 32-bit ids, grown at 50% load.
+ * In front of them, a direct-mapped child cache (parent, frame VALUE, line)
+ * -> node answers repeated lookups in one probe; its hit path is inline in
+ * strobe.h, its miss path (strobe_stack_table_child_slow) is here. Its keys
+ * are interned, hence pinned, frames; it is cleared with the table.
  * GC: interned frames are pinned with rb_gc_mark (they are hash keys by
  * address; pinning keeps them valid under GC.compact and auto_compact).
  *
@@ -146,6 +150,15 @@ strobe_stack_table_node(strobe_stack_table_t *st, uint32_t parent, uint32_t fram
     st->node_slots[i] = id;
     if ((uint64_t)st->nodes_len * 2 > st->node_slots_capa) rehash_nodes(st);
     return id;
+}
+
+uint32_t
+strobe_stack_table_child_slow(strobe_stack_table_t *st, uint32_t parent, VALUE value, int32_t line)
+{
+    uint32_t frame = strobe_stack_table_frame(st, value, STROBE_FRAME_RUBY);
+    uint32_t node = strobe_stack_table_node(st, parent, frame, line);
+    *strobe_child_cache_entry(st, parent, value, line) = (strobe_child_cache_t){ value, parent, line, node };
+    return node;
 }
 
 void

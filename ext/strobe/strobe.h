@@ -79,7 +79,7 @@ typedef struct {
     atomic_int in_handler;   /* re-entry guard */
     int64_t last_seq;        /* ring seq of this thread's newest slot, -1 none */
     int64_t cpu_last_ns;     /* CPU mode: thread CPU time at the last signal */
-    uint64_t samples;        /* recorded samples of this thread */
+    int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */
     int scratch_depth;
     uint8_t scratch_gc_kind;
     VALUE scratch_frames[STROBE_MAX_DEPTH];
@@ -95,7 +95,14 @@ typedef void (*strobe_slot_fn)(const strobe_slot_t *slot);
 void strobe_capture_drain(strobe_slot_fn fn);
 /* GVL held, during GC marking: pin frames of slots not yet drained. */
 void strobe_capture_mark(void);
-int64_t strobe_now_us(void);
+/* Async-signal-safe: CLOCK_MONOTONIC in microseconds. */
+static inline int64_t
+strobe_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 /* ---- stack_table.c: interned frames and the prefix tree ---------------- */
 
@@ -110,6 +117,16 @@ typedef struct {
     int32_t line;
 } strobe_node_t;
 
+/* Direct-mapped cache of recent (parent, frame VALUE, line) -> node lookups,
+ * so a stack seen before interns each new frame with one probe. */
+#define STROBE_CHILD_CACHE_BITS 9
+typedef struct {
+    VALUE value;
+    uint32_t parent;
+    int32_t line;
+    uint32_t node;           /* 0 = empty (the root is never a child) */
+} strobe_child_cache_t;
+
 typedef struct {
     strobe_frame_t *frames;
     uint32_t frames_len, frames_capa;
@@ -119,12 +136,31 @@ typedef struct {
     uint32_t nodes_len, nodes_capa;
     uint32_t *node_slots;    /* open addressing: node id, 0 = empty */
     uint32_t node_slots_capa;
+    strobe_child_cache_t child_cache[1 << STROBE_CHILD_CACHE_BITS];
 } strobe_stack_table_t;
 
 void strobe_stack_table_init(strobe_stack_table_t *st);
 void strobe_stack_table_free(strobe_stack_table_t *st);
 uint32_t strobe_stack_table_frame(strobe_stack_table_t *st, VALUE value, int kind);
 uint32_t strobe_stack_table_node(strobe_stack_table_t *st, uint32_t parent, uint32_t frame, int32_t line);
+uint32_t strobe_stack_table_child_slow(strobe_stack_table_t *st, uint32_t parent, VALUE value, int32_t line);
+
+static inline strobe_child_cache_t *
+strobe_child_cache_entry(strobe_stack_table_t *st, uint32_t parent, VALUE value, int32_t line)
+{
+    uint64_t key = ((uint64_t)parent << 32 | (uint32_t)line) ^ (uint64_t)value;
+    return &st->child_cache[(key * 0x9e3779b97f4a7c15ULL) >> (64 - STROBE_CHILD_CACHE_BITS)];
+}
+
+/* The node for a Ruby frame VALUE at line under parent (interning both).
+ * Inline for the cache hit, the common case on every sample. */
+static inline uint32_t
+strobe_stack_table_child(strobe_stack_table_t *st, uint32_t parent, VALUE value, int32_t line)
+{
+    const strobe_child_cache_t *c = strobe_child_cache_entry(st, parent, value, line);
+    if (c->node && c->value == value && c->parent == parent && c->line == line) return c->node;
+    return strobe_stack_table_child_slow(st, parent, value, line);
+}
 void strobe_stack_table_mark(const strobe_stack_table_t *st);
 
 /* ---- profile.c: what was sampled ---------------------------------------- */
@@ -163,7 +199,8 @@ typedef struct {
     int64_t start_us;        /* first start, CLOCK_MONOTONIC microseconds */
     strobe_profile_thread_t threads[STROBE_MAX_THREADS];
     int threads_len;
-    /* Drain cache: the previous stack, so a new one only interns its suffix. */
+    /* The previous stack recorded (innermost first, ending at the arrays'
+     * ends) and its nodes, so a new one only interns what differs. */
     uint32_t prev_path[STROBE_MAX_DEPTH];
     VALUE prev_frames[STROBE_MAX_DEPTH];
     int prev_lines[STROBE_MAX_DEPTH];
@@ -175,6 +212,10 @@ extern strobe_profile_t strobe_profile;
 void strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, int ignore_gc);
 void strobe_profile_clear(void);
 int strobe_profile_thread_index(pid_t tid, VALUE thread);
+/* GVL held: record n samples of one stack (frames innermost first, or a
+ * GC pseudo-stack when gc_kind is not STROBE_FRAME_RUBY) taken on thread t. */
+void strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, const int *lines,
+                           int depth, const int64_t *times, uint32_t n);
 void strobe_profile_record_slot(const strobe_slot_t *slot);
 void strobe_profile_add_missed(uint64_t n);
 uint64_t strobe_profile_missed(void);
@@ -194,7 +235,7 @@ int strobe_sampler_sample_now(void);
 void strobe_sampler_flush(void);
 /* Registered thread whose tid matches the caller (signal handler). */
 strobe_thread_t *strobe_sampler_thread_for_self(void);
-const strobe_thread_t *strobe_sampler_thread_at(int index);
+strobe_thread_t *strobe_sampler_thread_at(int index);
 void strobe_sampler_mark(void);
 
 /* ---- results.c ----------------------------------------------------------- */
