@@ -41,7 +41,8 @@ module Strobe
       return false if running?
 
       options = Options.new(opts)
-      started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc)
+      started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                             options.threads_list)
       return false unless started
 
       # Metadata of several start/stop rounds merges; the last out: wins.

@@ -163,7 +163,8 @@ class TestStrobe < Minitest::Test
   end
 
   def test_wall_mode_samples_a_sleeping_thread
-    result = Strobe.run(mode: :wall, interval: 1000) { sleep 0.2 }
+    result = Strobe.run(mode: :wall, interval: 1000, threads: [Thread.current]) { sleep 0.2 }
+    assert_equal [Thread.current.native_thread_id], result[:threads].keys
     sleep_frame = frames_by_name(result)["Kernel#sleep"]
     refute_nil sleep_frame, "sleep was sampled"
     assert_operator sleep_frame[:samples], :>, result[:samples] / 2

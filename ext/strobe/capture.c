@@ -4,11 +4,12 @@
  * Owns the hand-off ring between sampled threads (producers, in a signal
  * handler or hook) and the GVL-holding drain (the one consumer).
  *
- * Signal safety: strobe_capture() and strobe_now_us() are async-signal-safe:
+ * Signal safety: strobe_capture() is async-signal-safe:
  * no malloc, no locks, no Ruby objects; only atomics, memcmp/memcpy,
  * clock_gettime and rb_profile_frames (which reads the VM stack of the
- * current thread, as every Ruby sampling profiler does). Everything else in
- * this file must be called with the GVL held.
+ * current thread, as every Ruby sampling profiler does). The drain (one
+ * consumer at a time) runs under the profile lock: on the timer thread while
+ * it runs, else with the GVL held.
  *
  * Protocol: a producer captures into its thread's scratch buffer. If the
  * stack equals the one in its thread's newest undrained slot, it only
@@ -74,7 +75,6 @@ strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us)
     t->scratch_gc_kind = (uint8_t)gc_kind;
     if (t->scratch_depth == 0 && gc_kind == STROBE_FRAME_RUBY)
         return 0; /* no Ruby frame to attribute the sample to */
-
     if (try_append(t, now_us)) return 1;
 
     uint64_t seq = atomic_load(&write_seq);
@@ -116,6 +116,17 @@ strobe_capture_drain(strobe_slot_fn fn)
         atomic_store_explicit(&slot->state, STROBE_SLOT_EMPTY, memory_order_release);
         atomic_store_explicit(&read_seq, seq + 1, memory_order_release);
     }
+}
+
+void
+strobe_capture_abandon(void)
+{
+    uint64_t seq = atomic_load(&read_seq);
+    strobe_slot_t *slot = &ring[seq % STROBE_RING_SLOTS];
+    if (slot->seq != seq || atomic_load(&slot->state) != STROBE_SLOT_DRAINING) return;
+    strobe_profile_add_missed(slot->n_times);
+    atomic_store_explicit(&slot->state, STROBE_SLOT_EMPTY, memory_order_release);
+    atomic_store_explicit(&read_seq, seq + 1, memory_order_release);
 }
 
 /* Slots captured but not yet drained hold the only reference to frames that

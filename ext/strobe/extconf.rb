@@ -16,13 +16,5 @@ end
 $LDFLAGS << " -lpthread"
 have_library("rt", "clock_gettime")
 
-# Postponed jobs: preregistered handles (Ruby 3.3+) are signal-safe without
-# the table scan of rb_postponed_job_register_one.
-have_func("rb_postponed_job_preregister", "ruby/debug.h")
-have_func("rb_postponed_job_trigger", "ruby/debug.h")
-# Stack capture of a given thread (Ruby 3.4+); we fall back to the current one.
-have_func("rb_profile_thread_frames", "ruby/debug.h")
-have_func("pthread_getcpuclockid", "pthread.h")
-have_func("rb_gc_mark_movable", "ruby.h")
 
 create_makefile("strobe/strobe")

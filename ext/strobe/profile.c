@@ -13,15 +13,71 @@
  * strobe_profile_record() is the one entry: the ring drain calls it per
  * slot, custom and object modes call it directly (they hold the GVL).
  *
- * Signal safety: only strobe_profile_add_missed() (an atomic add). The rest
- * runs with the GVL held.
+ * Locking: in :wall and :cpu modes the timer thread drains the ring into the
+ * profile without the GVL, so every reader and writer that can run at the
+ * same time (the drain, GC marking, Strobe.sample, a thread ending) goes
+ * through the profile lock; strobe_profile_locked() also turns an
+ * allocation failure into an early, consistent return instead of a Ruby
+ * exception on a thread that cannot raise one. Custom and object modes have
+ * no timer thread and record directly with the GVL. Nothing Ruby is called
+ * under the lock (GC marking takes it too).
+ *
+ * Signal safety: only strobe_profile_add_missed() (an atomic add).
  */
 #include "strobe.h"
+#include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
 
 strobe_profile_t strobe_profile;
 static _Atomic uint64_t missed_samples;
+static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
+static __thread jmp_buf *oom_jump; /* set inside strobe_profile_locked() */
+
+void
+strobe_out_of_memory(void)
+{
+    if (oom_jump) longjmp(*oom_jump, 1);
+    rb_memerror();
+}
+
+int
+strobe_profile_locked(void (*fn)(void *), void *arg)
+{
+    jmp_buf jump;
+    jmp_buf *saved = oom_jump;
+    pthread_mutex_lock(&profile_lock);
+    int failed = setjmp(jump);
+    if (!failed) {
+        oom_jump = &jump;
+        fn(arg);
+    } else {
+        strobe_capture_abandon(); /* the slot being drained, if any */
+    }
+    oom_jump = saved;
+    pthread_mutex_unlock(&profile_lock);
+    return failed ? -1 : 0;
+}
+
+void
+strobe_profile_lock(void)
+{
+    pthread_mutex_lock(&profile_lock);
+}
+
+void
+strobe_profile_unlock(void)
+{
+    pthread_mutex_unlock(&profile_lock);
+}
+
+/* A forked child has only the forking thread: a lock the timer thread held
+ * at the fork would never be released. */
+void
+strobe_profile_after_fork(void)
+{
+    pthread_mutex_init(&profile_lock, NULL);
+}
 
 
 void
@@ -77,9 +133,40 @@ strobe_profile_thread_index(pid_t tid, VALUE thread)
     strobe_profile_t *p = &strobe_profile;
     for (int i = 0; i < p->threads_len; i++)
         if (p->threads[i].tid == tid && p->threads[i].thread == thread) return i;
-    if (p->threads_len == STROBE_MAX_THREADS) return STROBE_MAX_THREADS - 1;
-    p->threads[p->threads_len] = (strobe_profile_thread_t){ tid, thread, 0 };
+    if (p->threads_len == STROBE_MAX_PROFILE_THREADS) return STROBE_MAX_PROFILE_THREADS - 1;
+    if (p->threads_len == p->threads_capa) {
+        int capa = p->threads_capa ? p->threads_capa * 2 : 16;
+        strobe_profile_thread_t *threads = realloc(p->threads, (size_t)capa * sizeof(*threads));
+        if (!threads) strobe_out_of_memory();
+        p->threads = threads;
+        p->threads_capa = capa;
+    }
+    p->threads[p->threads_len] = (strobe_profile_thread_t){ tid, thread, Qnil, 0 };
     return p->threads_len++;
+}
+
+static int
+profile_thread(strobe_profile_t *p, strobe_thread_t *t)
+{
+    if (!t) return strobe_profile_thread_index(0, Qnil);
+    if (t->profile_index < 0) t->profile_index = strobe_profile_thread_index(t->tid, t->thread);
+    return t->profile_index;
+}
+
+void
+strobe_profile_thread_ended(strobe_thread_t *t)
+{
+    strobe_profile_t *p = &strobe_profile;
+    VALUE name = rb_funcall(t->thread, rb_intern("name"), 0); /* Ruby: not under the lock */
+    strobe_profile_lock();
+    if (p->active && t->profile_index >= 0 && t->profile_index < p->threads_len) {
+        strobe_profile_thread_t *pt = &p->threads[t->profile_index];
+        pt->name = name;
+        pt->thread = Qnil;
+    }
+    t->thread = Qnil; /* read by the drain for the thread's first sample */
+    strobe_profile_unlock();
+    RB_GC_GUARD(name);
 }
 
 static void
@@ -90,7 +177,7 @@ ensure_node_counts(strobe_profile_t *p)
     uint32_t capa = p->node_self_capa ? p->node_self_capa : 1024;
     while (capa < need) capa *= 2;
     uint64_t *counts = realloc(p->node_self, capa * sizeof(uint64_t));
-    if (!counts) rb_memerror();
+    if (!counts) strobe_out_of_memory();
     memset(counts + p->node_self_capa, 0, (capa - p->node_self_capa) * sizeof(uint64_t));
     p->node_self = counts;
     p->node_self_capa = capa;
@@ -103,7 +190,7 @@ log_sample(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
     /* Unsigned: a time before the chunk's base wraps and also starts a chunk. */
     if (!c || c->len == STROBE_CHUNK_SAMPLES || (uint64_t)(time_us - c->base_us) > UINT32_MAX) {
         strobe_chunk_t *fresh = malloc(sizeof(strobe_chunk_t));
-        if (!fresh) rb_memerror();
+        if (!fresh) strobe_out_of_memory();
         fresh->next = NULL;
         fresh->base_us = time_us;
         fresh->len = 0;
@@ -163,11 +250,7 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
                                                  : intern_gc(p, gc_kind);
     if (node >= p->node_self_capa) ensure_node_counts(p);
 
-    int thread = 0;
-    if (t) {
-        if (t->profile_index < 0) t->profile_index = strobe_profile_thread_index(t->tid, t->thread);
-        thread = t->profile_index;
-    }
+    int thread = profile_thread(p, t);
     p->node_self[node] += n;
     p->samples += n;
     if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
@@ -179,7 +262,7 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
 void
 strobe_profile_record_slot(const strobe_slot_t *slot)
 {
-    strobe_profile_record(strobe_sampler_thread_at(slot->thread), slot->gc_kind, slot->frames,
+    strobe_profile_record(strobe_threads_at(slot->thread), slot->gc_kind, slot->frames,
                           slot->lines, slot->depth, slot->times, slot->n_times);
 }
 
@@ -195,7 +278,10 @@ strobe_profile_mark(void)
     strobe_profile_t *p = &strobe_profile;
     if (!p->active) return;
     strobe_stack_table_mark(&p->table);
-    for (int i = 0; i < p->threads_len; i++) rb_gc_mark(p->threads[i].thread);
+    for (int i = 0; i < p->threads_len; i++) {
+        rb_gc_mark(p->threads[i].thread);
+        rb_gc_mark(p->threads[i].name);
+    }
 }
 
 size_t
@@ -207,6 +293,7 @@ strobe_profile_memsize(void)
     size += p->table.frames_capa * sizeof(strobe_frame_t) + p->table.frame_slots_capa * sizeof(uint32_t);
     size += p->table.nodes_capa * sizeof(strobe_node_t) + p->table.node_slots_capa * sizeof(uint32_t);
     size += p->node_self_capa * sizeof(uint64_t);
+    size += (size_t)p->threads_capa * sizeof(strobe_profile_thread_t);
     for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next) size += sizeof(*c);
     return size;
 }

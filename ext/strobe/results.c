@@ -204,10 +204,11 @@ frame_details(const strobe_frame_t *f)
     return d;
 }
 
+/* A running thread's name now, an ended one's as it was when it ended. */
 static VALUE
-thread_name(VALUE thread)
+thread_name(const strobe_profile_thread_t *pt)
 {
-    VALUE name = rb_funcall(thread, rb_intern("name"), 0);
+    VALUE name = NIL_P(pt->thread) ? pt->name : rb_funcall(pt->thread, rb_intern("name"), 0);
     return NIL_P(name) ? name : rb_str_dup(name);
 }
 
@@ -244,15 +245,25 @@ strobe_results_build(void)
     strobe_results_aggregate(st->nodes, st->nodes_len, self, details, frame_ids, st->frames_len, p->aggregate);
     free(self);
 
+    /* Keyed by kernel tid; should a tid be reused by a later thread within
+     * one profile, both threads' counts land under it. */
     VALUE threads = rb_hash_new(), thread_ids = rb_ary_new_capa(p->threads_len);
+    VALUE sym_name = strobe_sym("name"), sym_samples = strobe_sym("samples");
     for (int i = 0; i < p->threads_len; i++) {
-        VALUE info = rb_hash_new();
-        rb_hash_aset(info, strobe_sym("name"), thread_name(p->threads[i].thread));
-        rb_hash_aset(info, strobe_sym("samples"), ULL2NUM(p->threads[i].samples));
-        rb_hash_aset(threads, INT2NUM(p->threads[i].tid), info);
-        rb_ary_push(thread_ids, INT2NUM(p->threads[i].tid));
+        VALUE id = INT2NUM(p->threads[i].tid);
+        VALUE info = rb_hash_lookup2(threads, id, Qundef);
+        if (info == Qundef) {
+            info = rb_hash_new();
+            rb_hash_aset(info, sym_name, thread_name(&p->threads[i]));
+            rb_hash_aset(info, sym_samples, INT2FIX(0));
+            rb_hash_aset(threads, id, info);
+        }
+        hash_add(info, sym_samples, p->threads[i].samples);
+        rb_ary_push(thread_ids, id);
     }
     rb_hash_aset(result, strobe_sym("threads"), threads);
+    uint64_t unsampled = strobe_sampler_unsampled_threads();
+    if (unsampled) rb_hash_aset(result, strobe_sym("unsampled_threads"), ULL2NUM(unsampled));
 
     if (p->raw && p->first_chunk) {
         size_t count = 0;

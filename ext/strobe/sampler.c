@@ -1,17 +1,27 @@
 /*
  * sampler.c - when samples are taken: timer thread, signal, handler, fork.
  *
+ * Which threads: every running Ruby thread at start (found by the kernel tid
+ * Thread#native_thread_id reports) and every thread that begins while
+ * profiling (a THREAD_BEGIN hook registers it from the thread itself), or
+ * only the Threads of the threads: option. A THREAD_END hook records the
+ * thread's name and retires its registry entry (threads.c).
+ *
  * Time modes run a timer thread (a plain pthread with every signal blocked,
- * never touching Ruby). Each interval it wakes on an absolute CLOCK_MONOTONIC
- * deadline and sends STROBE_SIGNAL with tgkill() to each registered thread: always
- * in :wall mode, and in :cpu mode only when that thread's own CPU clock
- * advanced by an interval since its last signal. This is not capped by the
- * kernel tick the way setitimer(ITIMER_PROF) is, and it never signals a dead
- * thread (tgkill reports ESRCH, a dead thread's CPU clock reads EINVAL).
+ * never calling Ruby). Each interval it wakes on an absolute CLOCK_MONOTONIC
+ * deadline and sends STROBE_SIGNAL with tgkill() to each registered thread:
+ * always in :wall mode, so threads blocked in IO, sleep, join or waiting for
+ * the GVL are sampled too (their stack as of blocking), and in :cpu mode only
+ * when that thread's own CPU clock advanced by an interval since its last
+ * signal. This is not capped by the kernel tick the way
+ * setitimer(ITIMER_PROF) is, a thread that waits gets no CPU samples, and a
+ * dead thread is never signalled (tgkill reports ESRCH, a dead thread's CPU
+ * clock reads EINVAL). After signalling, the timer thread drains the ring
+ * into the profile under the profile lock, without the GVL: samples are
+ * recorded even while every Ruby thread is blocked.
  *
  * The handler runs on the sampled thread. It only does what
- * strobe_capture() allows (async-signal-safe), then triggers a postponed
- * job that drains the ring with the GVL held. It preserves errno, guards
+ * strobe_capture() allows (async-signal-safe). It preserves errno, guards
  * re-entry, and does nothing after the VM has begun shutting down or on a
  * thread it does not know.
  *
@@ -25,7 +35,8 @@
  * fork: the child inherits no timer thread; an atfork hook marks it stopped.
  *
  * Everything here except the handler and the timer thread's loop is called
- * with the GVL held.
+ * with the GVL held. Custom and object modes sample the calling thread and
+ * record at once (the GVL is held; there is no timer thread).
  */
 #include "strobe.h"
 #include <errno.h>
@@ -40,9 +51,8 @@ static struct {
     atomic_int vm_alive;
     strobe_mode_t mode;
     long interval;
-    strobe_thread_t threads[STROBE_MAX_THREADS];
-    atomic_int threads_len;
-    atomic_uint generation;  /* bumped whenever threads[] is reset */
+    VALUE only;              /* Array of the Threads to profile, or Qnil for all */
+    uint64_t unsampled_threads; /* profiled threads the full registry turned away */
 
     /* timer thread */
     pthread_t timer;
@@ -55,110 +65,84 @@ static struct {
     struct sigaction old_action;
     int handler_installed;
 
-    /* object mode */
+    /* thread begin/end (every mode) and object mode */
+    VALUE thread_hook;
     VALUE newobj_hook;
     uint64_t allocations;
 
-#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
-    rb_postponed_job_handle_t job;
-#endif
 } S;
 
 static VALUE sym_state, sym_marking, sym_sweeping;
 
-/* ---- thread registry ------------------------------------------------------ */
+/* ---- which threads ---------------------------------------------------------- */
 
-static pid_t
-current_tid(void)
+static int
+profiled(VALUE thread)
 {
-    return (pid_t)syscall(SYS_gettid);
+    return NIL_P(S.only) || RTEST(rb_ary_includes(S.only, thread));
 }
 
-/* The calling thread's registry entry, remembered per thread: valid while
- * its generation matches S.generation. Initial-exec TLS is a fixed offset
- * from the thread pointer, so reading it is async-signal-safe. */
-static __thread strobe_thread_t *self_entry __attribute__((tls_model("initial-exec")));
-static __thread unsigned self_generation __attribute__((tls_model("initial-exec")));
-
-/* Forget every registered thread (GVL held, nothing sampling). */
-static void
-reset_threads(void)
-{
-    atomic_store(&S.threads_len, 0);
-    atomic_fetch_add(&S.generation, 1);
-}
-
-/* Signal-safe. The calling thread's entry, or NULL if it is not registered. */
-strobe_thread_t *
-strobe_sampler_thread_for_self(void)
-{
-    unsigned generation = atomic_load(&S.generation);
-    if (self_entry && self_generation == generation) return self_entry;
-    pthread_t self = pthread_self();
-    int n = atomic_load(&S.threads_len);
-    for (int i = 0; i < n; i++) {
-        if (pthread_equal(S.threads[i].pthread, self)) {
-            self_entry = &S.threads[i];
-            self_generation = generation;
-            return self_entry;
-        }
-    }
-    return NULL;
-}
-
-/* GVL held. Registers the calling thread; returns its entry or NULL. */
+/* GVL held: the calling thread's entry, registering it if it is profiled. */
 static strobe_thread_t *
-register_current_thread(void)
+current_entry(void)
 {
-    strobe_thread_t *t = strobe_sampler_thread_for_self();
+    strobe_thread_t *t = strobe_threads_self();
     if (t) return t;
-    int n = atomic_load(&S.threads_len);
-    if (n >= STROBE_MAX_THREADS) return NULL;
-
-    t = &S.threads[n];
-    t->pthread = pthread_self();
-    t->tid = current_tid();
-    t->index = (uint16_t)n;
-    t->thread = rb_thread_current();
-    t->last_seq = -1;
-    t->profile_index = -1;
-    t->cpu_last_ns = 0;
-    atomic_store(&t->in_handler, 0);
-    if (pthread_getcpuclockid(t->pthread, &t->cpu_clock) != 0)
-        t->cpu_clock = CLOCK_THREAD_CPUTIME_ID;
-    atomic_store(&S.threads_len, n + 1); /* publish to handlers */
+    VALUE thread = rb_thread_current();
+    if (!profiled(thread)) return NULL;
+    t = strobe_threads_add(strobe_gettid(), thread);
+    if (!t) S.unsampled_threads++;
     return t;
 }
 
-strobe_thread_t *
-strobe_sampler_thread_at(int index)
+/* GVL held: registers every running thread that is profiled, by the kernel
+ * tid Thread#native_thread_id reports (threads not started yet register
+ * themselves when they begin, see thread_hook). */
+static void
+register_running_threads(void)
 {
-    return index < atomic_load(&S.threads_len) ? &S.threads[index] : NULL;
+    VALUE list = NIL_P(S.only) ? rb_funcall(rb_cThread, rb_intern("list"), 0) : S.only;
+    ID native_thread_id = rb_intern("native_thread_id");
+    for (long i = 0; i < RARRAY_LEN(list); i++) {
+        VALUE thread = RARRAY_AREF(list, i);
+        if (!RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) continue;
+        VALUE tid = rb_funcall(thread, native_thread_id, 0);
+        if (NIL_P(tid)) continue;
+        if (!strobe_threads_add((pid_t)NUM2INT(tid), thread)) S.unsampled_threads++;
+    }
+}
+
+/* Runs on the thread that begins or ends, with the GVL. */
+static void
+thread_hook(VALUE tpval, void *data)
+{
+    (void)data;
+    if (!atomic_load(&S.running)) return;
+    rb_trace_arg_t *arg = rb_tracearg_from_tracepoint(tpval);
+    if (rb_tracearg_event_flag(arg) == RUBY_EVENT_THREAD_BEGIN) {
+        if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) current_entry();
+        return;
+    }
+    strobe_thread_t *t = strobe_threads_self();
+    if (!t) return;
+    strobe_sampler_flush(); /* its captured samples still name it */
+    strobe_profile_thread_ended(t);
+    strobe_threads_end(t);
 }
 
 /* ---- hand-off -------------------------------------------------------------- */
 
 static void
-drain_job(void *data)
+drain(void *unused)
 {
-    (void)data;
+    (void)unused;
     strobe_capture_drain(strobe_profile_record_slot);
 }
 
 void
 strobe_sampler_flush(void)
 {
-    strobe_capture_drain(strobe_profile_record_slot);
-}
-
-static void
-trigger_drain(void)
-{
-#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
-    rb_postponed_job_trigger(S.job);
-#else
-    rb_postponed_job_register_one(0, drain_job, NULL);
-#endif
+    if (strobe_profile_locked(drain, NULL) < 0) rb_memerror();
 }
 
 /* GC phase of the running GC, as a frame kind. Signal context: reads VM
@@ -192,13 +176,11 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     int saved_errno = errno;
 
     if (!atomic_load(&S.running) || !atomic_load(&S.vm_alive)) goto out;
-    strobe_thread_t *t = strobe_sampler_thread_for_self();
+    strobe_thread_t *t = strobe_threads_self();
     if (!t) goto out; /* not a thread we sample */
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }
 
-    int r = sample_thread(t);
-    if (r == 1) trigger_drain();
-    else if (r == 0) strobe_profile_add_missed(1);
+    if (sample_thread(t) == 0) strobe_profile_add_missed(1);
     atomic_store(&t->in_handler, 0);
 out:
     errno = saved_errno;
@@ -237,9 +219,13 @@ timer_main(void *arg)
         }
         if (S.timer_stop) break;
 
-        int n = atomic_load(&S.threads_len);
+        int n = strobe_threads_len(), live = 0;
         for (int i = 0; i < n; i++) {
-            strobe_thread_t *t = &S.threads[i];
+            strobe_thread_t *t = strobe_threads_at(i);
+            int state = atomic_load_explicit(&t->state, memory_order_acquire);
+            if (state == STROBE_THREAD_DEAD) strobe_threads_reclaim(t);
+            if (state != STROBE_THREAD_LIVE) continue;
+            live++;
             if (S.mode == STROBE_MODE_CPU) {
                 int64_t cpu = clock_ns(t->cpu_clock);
                 if (cpu < 0) continue; /* thread is gone */
@@ -251,6 +237,9 @@ timer_main(void *arg)
             }
             send_signal(t);
         }
+        /* Record what the handlers captured since the last tick. Off the
+         * GVL, so it goes on whether or not any Ruby thread is running. */
+        strobe_profile_locked(drain, NULL);
         /* Late by more than an interval (machine busy): do not burst, but
          * in wall mode every tick skipped is a sample owed, so count it as
          * missed rather than let the rate drop silently. (In CPU mode the
@@ -258,7 +247,7 @@ timer_main(void *arg)
         int64_t now = clock_ns(CLOCK_MONOTONIC);
         if (now - next > interval_ns) {
             if (S.mode == STROBE_MODE_WALL)
-                strobe_profile_add_missed((uint64_t)((now - next) / interval_ns) * (uint64_t)n);
+                strobe_profile_add_missed((uint64_t)((now - next) / interval_ns) * (uint64_t)live);
             next = now;
         }
     }
@@ -355,20 +344,21 @@ newobj_hook(VALUE tpval, void *data)
 /* ---- public ------------------------------------------------------------------- */
 
 const char *
-strobe_sampler_start(strobe_mode_t mode, long interval)
+strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only)
 {
     if (atomic_load(&S.running)) return "already running";
 
     S.mode = mode;
     S.interval = interval;
-    reset_threads();
-    strobe_thread_t *t = register_current_thread();
-    if (!t) return "cannot register the current thread";
+    S.only = only;
+    strobe_threads_reset();
+    if (NIL_P(S.thread_hook))
+        S.thread_hook = rb_tracepoint_new(Qnil, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, thread_hook, NULL);
 
     if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
+        register_running_threads();
         const char *err = install_handler();
         if (err) return err;
-        t->cpu_last_ns = clock_ns(t->cpu_clock);
         atomic_store(&S.running, 1);
         if (timer_start() != 0) {
             atomic_store(&S.running, 0);
@@ -384,6 +374,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval)
     } else {
         atomic_store(&S.running, 1);
     }
+    rb_tracepoint_enable(S.thread_hook);
     return NULL;
 }
 
@@ -391,6 +382,7 @@ void
 strobe_sampler_stop(void)
 {
     if (!atomic_exchange(&S.running, 0)) return;
+    rb_tracepoint_disable(S.thread_hook);
     if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) {
         timer_stop();
         uninstall_handler();
@@ -400,24 +392,52 @@ strobe_sampler_stop(void)
     strobe_sampler_flush();
 }
 
+uint64_t
+strobe_sampler_unsampled_threads(void)
+{
+    return S.unsampled_threads;
+}
+
+void
+strobe_sampler_forget_unsampled(void)
+{
+    S.unsampled_threads = 0;
+}
+
 int
 strobe_sampler_running(void)
 {
     return atomic_load(&S.running);
 }
 
+static void
+record_scratch(strobe_thread_t *t)
+{
+    strobe_profile_record(t, t->scratch_gc_kind, t->scratch_frames, t->scratch_lines,
+                          t->scratch_depth, &t->scratch_time, 1);
+}
+
+static void
+drain_then_record_scratch(void *t)
+{
+    drain(NULL);
+    record_scratch(t);
+}
+
 int
 strobe_sampler_sample_now(void)
 {
     if (!atomic_load(&S.running)) return 0;
-    strobe_thread_t *t = register_current_thread();
-    if (!t || atomic_exchange(&t->in_handler, 1)) {
+    strobe_thread_t *t = current_entry();
+    if (!t) return 0; /* a thread that is not profiled */
+    if (atomic_exchange(&t->in_handler, 1)) {
         strobe_profile_add_missed(1);
         return 0;
     }
-    /* The GVL is held, so the stack goes straight into the profile: no
-     * ring slot, no copy. Whatever a handler captured before comes first. */
-    if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) strobe_sampler_flush();
+    /* The GVL is held, so the stack goes straight into the profile: no ring
+     * slot, no copy. In time modes the timer thread drains concurrently, so
+     * the ring is drained first (keeping order) and the profile locked. */
+    int timed = S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU;
     int taken = 1;
     int gc_kind = STROBE_FRAME_RUBY;
     int depth = 0;
@@ -429,8 +449,15 @@ strobe_sampler_sample_now(void)
         if (depth <= 0) taken = 0; /* no Ruby frame to attribute it to */
     }
     if (taken == 1) {
-        int64_t now = strobe_now_us();
-        strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, 1);
+        t->scratch_depth = depth;
+        t->scratch_gc_kind = (uint8_t)gc_kind;
+        t->scratch_time = strobe_now_us();
+        if (!timed) {
+            record_scratch(t);
+        } else if (strobe_profile_locked(drain_then_record_scratch, t) < 0) {
+            atomic_store(&t->in_handler, 0);
+            rb_memerror();
+        }
     } else if (taken == 0) {
         strobe_profile_add_missed(1);
     }
@@ -441,8 +468,9 @@ strobe_sampler_sample_now(void)
 void
 strobe_sampler_mark(void)
 {
-    int n = atomic_load(&S.threads_len);
-    for (int i = 0; i < n; i++) rb_gc_mark(S.threads[i].thread);
+    strobe_threads_mark();
+    rb_gc_mark(S.only);
+    rb_gc_mark(S.thread_hook);
     rb_gc_mark(S.newobj_hook);
 }
 
@@ -452,9 +480,10 @@ strobe_sampler_mark(void)
 static void
 atfork_child(void)
 {
+    strobe_profile_after_fork();
     atomic_store(&S.running, 0);
     S.timer_started = 0;
-    reset_threads();
+    strobe_threads_reset();
 }
 
 /* The VM is going away: no handler may touch it any more. */
@@ -477,10 +506,9 @@ strobe_sampler_init(void)
     rb_gc_latest_gc_info(sym_state);
 
     S.newobj_hook = Qnil;
+    S.thread_hook = Qnil;
+    S.only = Qnil;
     atomic_store(&S.vm_alive, 1);
-#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
-    S.job = rb_postponed_job_preregister(0, drain_job, NULL);
-#endif
     ruby_vm_at_exit(vm_at_exit);
     pthread_atfork(NULL, NULL, atfork_child);
 }

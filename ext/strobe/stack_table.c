@@ -14,8 +14,10 @@
  * GC: interned frames are pinned with rb_gc_mark (they are hash keys by
  * address; pinning keeps them valid under GC.compact and auto_compact).
  *
- * Not signal-safe: it allocates. Called with the GVL held (or on tables that
- * no other thread can see).
+ * Not signal-safe: it allocates. Called under the profile lock (by the timer
+ * thread or with the GVL held), or on tables no other thread can see. An
+ * allocation failure goes to strobe_out_of_memory() with every table still
+ * consistent.
  */
 #include "strobe.h"
 #include <stdlib.h>
@@ -25,7 +27,15 @@ static void *
 xgrow(void *ptr, size_t count, size_t size)
 {
     void *p = realloc(ptr, count * size);
-    if (!p) rb_memerror();
+    if (!p) strobe_out_of_memory();
+    return p;
+}
+
+static uint32_t *
+xslots(uint32_t capa)
+{
+    uint32_t *p = calloc(capa, sizeof(uint32_t));
+    if (!p) strobe_out_of_memory();
     return p;
 }
 
@@ -61,12 +71,11 @@ strobe_stack_table_init(strobe_stack_table_t *st)
     st->nodes[0] = (strobe_node_t){ 0, UINT32_MAX, 0 }; /* the root */
     st->nodes_len = 1;
     st->node_slots_capa = 2048;
-    st->node_slots = calloc(st->node_slots_capa, sizeof(uint32_t));
+    st->node_slots = xslots(st->node_slots_capa);
     st->frames_capa = 256;
     st->frames = xgrow(NULL, st->frames_capa, sizeof(strobe_frame_t));
     st->frame_slots_capa = 512;
-    st->frame_slots = calloc(st->frame_slots_capa, sizeof(uint32_t));
-    if (!st->node_slots || !st->frame_slots) rb_memerror();
+    st->frame_slots = xslots(st->frame_slots_capa);
 }
 
 void
@@ -83,8 +92,7 @@ static void
 rehash_frames(strobe_stack_table_t *st)
 {
     uint32_t capa = st->frame_slots_capa * 2;
-    uint32_t *slots = calloc(capa, sizeof(uint32_t));
-    if (!slots) rb_memerror();
+    uint32_t *slots = xslots(capa);
     for (uint32_t id = 0; id < st->frames_len; id++) {
         uint64_t i = frame_hash(st->frames[id].value, st->frames[id].kind) & (capa - 1);
         while (slots[i]) i = (i + 1) & (capa - 1);
@@ -105,8 +113,8 @@ strobe_stack_table_frame(strobe_stack_table_t *st, VALUE value, int kind)
         if (f->value == value && f->kind == kind) return s - 1;
     }
     if (st->frames_len == st->frames_capa) {
+        st->frames = xgrow(st->frames, st->frames_capa * 2, sizeof(strobe_frame_t));
         st->frames_capa *= 2;
-        st->frames = xgrow(st->frames, st->frames_capa, sizeof(strobe_frame_t));
     }
     uint32_t id = st->frames_len++;
     st->frames[id] = (strobe_frame_t){ value, (uint8_t)kind };
@@ -119,8 +127,7 @@ static void
 rehash_nodes(strobe_stack_table_t *st)
 {
     uint32_t capa = st->node_slots_capa * 2;
-    uint32_t *slots = calloc(capa, sizeof(uint32_t));
-    if (!slots) rb_memerror();
+    uint32_t *slots = xslots(capa);
     for (uint32_t id = 1; id < st->nodes_len; id++) {
         const strobe_node_t *n = &st->nodes[id];
         uint64_t i = node_hash(n->parent, n->frame, n->line) & (capa - 1);
@@ -142,8 +149,8 @@ strobe_stack_table_node(strobe_stack_table_t *st, uint32_t parent, uint32_t fram
         if (n->parent == parent && n->frame == frame && n->line == line) return s;
     }
     if (st->nodes_len == st->nodes_capa) {
+        st->nodes = xgrow(st->nodes, st->nodes_capa * 2, sizeof(strobe_node_t));
         st->nodes_capa *= 2;
-        st->nodes = xgrow(st->nodes, st->nodes_capa, sizeof(strobe_node_t));
     }
     uint32_t id = st->nodes_len++;
     st->nodes[id] = (strobe_node_t){ parent, frame, line };

@@ -23,8 +23,11 @@ static void
 anchor_mark(void *ptr)
 {
     (void)ptr;
+    /* The timer thread may be draining slots into the profile right now. */
+    strobe_profile_lock();
     strobe_capture_mark();
     strobe_profile_mark();
+    strobe_profile_unlock();
     strobe_sampler_mark();
 }
 
@@ -50,9 +53,10 @@ mode_from_sym(VALUE mode)
     rb_raise(rb_eArgError, "unknown mode: %+"PRIsVALUE, mode);
 }
 
-/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc) -> bool */
+/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads) -> bool
+ * threads: nil for every thread, or an Array of Threads. */
 static VALUE
-native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc)
+native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads)
 {
     if (strobe_sampler_running()) return Qfalse;
     strobe_mode_t m = mode_from_sym(mode);
@@ -62,9 +66,16 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     if (m == STROBE_MODE_OBJECT && iv < 1)
         rb_raise(rb_eArgError, "interval for :object mode must be at least 1, got %ld", iv);
 
+    if (!NIL_P(threads)) {
+        Check_Type(threads, T_ARRAY);
+        for (long i = 0; i < RARRAY_LEN(threads); i++)
+            if (!rb_obj_is_kind_of(RARRAY_AREF(threads, i), rb_cThread))
+                rb_raise(rb_eArgError, "threads: must hold Thread objects, got %+"PRIsVALUE, RARRAY_AREF(threads, i));
+        threads = rb_ary_dup(threads);
+    }
     int fresh = !strobe_profile.active;
     strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
-    const char *err = strobe_sampler_start(m, iv);
+    const char *err = strobe_sampler_start(m, iv, threads);
     if (err) {
         if (fresh) strobe_profile_clear();
         rb_raise(eStrobeError, "cannot start profiling: %s", err);
@@ -78,6 +89,17 @@ native_stop(VALUE self)
     if (!strobe_sampler_running()) return Qfalse;
     strobe_sampler_stop();
     return Qtrue;
+}
+
+/* Strobe::Native.thread_registry -> {live:, slots:}: threads the sampler
+ * targets now, and registry entries ever used (reused after threads end). */
+static VALUE
+native_thread_registry(VALUE self)
+{
+    VALUE h = rb_hash_new();
+    rb_hash_aset(h, strobe_sym("live"), INT2NUM(strobe_threads_live()));
+    rb_hash_aset(h, strobe_sym("slots"), INT2NUM(strobe_threads_len()));
+    return h;
 }
 
 static VALUE
@@ -98,6 +120,7 @@ clear_profile(VALUE unused)
     (void)unused;
     strobe_profile_clear();
     strobe_capture_reset();
+    strobe_sampler_forget_unsampled();
     return Qnil;
 }
 
@@ -139,9 +162,10 @@ Init_strobe(void)
     strobe_capture_reset();
     strobe_sampler_init();
 
-    rb_define_singleton_method(mNative, "start", native_start, 5);
+    rb_define_singleton_method(mNative, "start", native_start, 6);
     rb_define_singleton_method(mNative, "stop", native_stop, 0);
     rb_define_singleton_method(mNative, "running?", native_running_p, 0);
+    rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);
     /* On Strobe itself, so the sampled leaf reads "Strobe.sample". */
     rb_define_singleton_method(mStrobe, "sample", native_sample, 0);
     rb_define_singleton_method(mNative, "results", native_results, 0);

@@ -26,7 +26,7 @@
 /* Deepest stack recorded; deeper stacks keep their innermost frames. */
 #define STROBE_MAX_DEPTH 1024
 /* Slots in the hand-off ring between the handler and the GVL-side drain. */
-#define STROBE_RING_SLOTS 32
+#define STROBE_RING_SLOTS 64
 /* Timestamps one slot can hold for consecutive identical stacks. */
 #define STROBE_SLOT_TIMES 64
 /* The sampling signal: default action "ignore", so exec and late delivery
@@ -35,8 +35,9 @@
 #define STROBE_SIGNAL_NAME "SIGURG"
 #define STROBE_SIGNAL_TRAP "URG"
 
-/* Threads the sampler can target (issue 2: the thread that called start). */
-#define STROBE_MAX_THREADS 64
+/* Threads the sampler can target at once (entries are reused after a
+ * thread ends). */
+#define STROBE_MAX_THREADS 256
 
 typedef enum {
     STROBE_MODE_WALL = 0,
@@ -69,19 +70,23 @@ typedef struct {
     int lines[STROBE_MAX_DEPTH];
 } strobe_slot_t;
 
-/* A thread the sampler targets, with its scratch capture buffer. */
+/* A thread the sampler targets (threads.c), with its scratch capture buffer. */
+enum { STROBE_THREAD_FREE = 0, STROBE_THREAD_CLAIMED, STROBE_THREAD_LIVE, STROBE_THREAD_DEAD };
+
 typedef struct {
-    pthread_t pthread;
+    atomic_int state;        /* FREE / CLAIMED / LIVE / DEAD, see threads.c */
+    /* From here to scratch_frames is zeroed when an entry is (re)used. */
     pid_t tid;               /* kernel thread id: signals and CPU clock */
     clockid_t cpu_clock;     /* the thread's CPU-time clock */
     uint16_t index;          /* position in the registry */
-    VALUE thread;            /* the Ruby Thread (marked) */
+    VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
     int64_t last_seq;        /* ring seq of this thread's newest slot, -1 none */
-    int64_t cpu_last_ns;     /* CPU mode: thread CPU time at the last signal */
     int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */
+    int64_t cpu_last_ns;     /* CPU mode (timer thread): CPU time at the last signal */
     int scratch_depth;
     uint8_t scratch_gc_kind;
+    int64_t scratch_time;
     VALUE scratch_frames[STROBE_MAX_DEPTH];
     int scratch_lines[STROBE_MAX_DEPTH];
 } strobe_thread_t;
@@ -93,6 +98,8 @@ int strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us);
 /* GVL held: hand every completed slot to fn, oldest first. */
 typedef void (*strobe_slot_fn)(const strobe_slot_t *slot);
 void strobe_capture_drain(strobe_slot_fn fn);
+/* The drain ran out of memory on the slot it holds: drop it, count it missed. */
+void strobe_capture_abandon(void);
 /* GVL held, during GC marking: pin frames of slots not yet drained. */
 void strobe_capture_mark(void);
 /* Async-signal-safe: CLOCK_MONOTONIC in microseconds. */
@@ -103,6 +110,23 @@ strobe_now_us(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
+
+/* ---- threads.c: the registry ------------------------------------------- */
+
+void strobe_threads_reset(void);
+pid_t strobe_gettid(void);
+/* GVL held: the LIVE entry for tid, adding one; NULL when the registry is full. */
+strobe_thread_t *strobe_threads_add(pid_t tid, VALUE thread);
+strobe_thread_t *strobe_threads_find(pid_t tid);
+/* Async-signal-safe: the calling thread's LIVE entry, or NULL. */
+strobe_thread_t *strobe_threads_self(void);
+void strobe_threads_end(strobe_thread_t *t);
+/* Timer thread: free a DEAD entry whose kernel thread is gone. */
+void strobe_threads_reclaim(strobe_thread_t *t);
+int strobe_threads_len(void);
+strobe_thread_t *strobe_threads_at(int index);
+int strobe_threads_live(void);
+void strobe_threads_mark(void);
 
 /* ---- stack_table.c: interned frames and the prefix tree ---------------- */
 
@@ -182,9 +206,13 @@ typedef struct strobe_chunk {
 
 typedef struct {
     pid_t tid;
-    VALUE thread;            /* Ruby Thread, marked */
+    VALUE thread;            /* Ruby Thread while it runs (marked), else Qnil */
+    VALUE name;              /* its name, taken when it ended (marked) */
     uint64_t samples;
 } strobe_profile_thread_t;
+
+/* Sample log thread indexes are 16-bit; later threads share the last one. */
+#define STROBE_MAX_PROFILE_THREADS 65535
 
 typedef struct {
     int active;              /* something was started since the last results */
@@ -197,8 +225,8 @@ typedef struct {
     strobe_chunk_t *first_chunk, *last_chunk;
     uint64_t samples, gc_samples;
     int64_t start_us;        /* first start, CLOCK_MONOTONIC microseconds */
-    strobe_profile_thread_t threads[STROBE_MAX_THREADS];
-    int threads_len;
+    strobe_profile_thread_t *threads;
+    int threads_len, threads_capa;
     /* The previous stack recorded (innermost first, ending at the arrays'
      * ends) and its nodes, so a new one only interns what differs. */
     uint32_t prev_path[STROBE_MAX_DEPTH];
@@ -209,9 +237,20 @@ typedef struct {
 
 extern strobe_profile_t strobe_profile;
 
+/* Allocation failed: inside strobe_profile_locked() it unwinds to there;
+ * elsewhere (GVL held) it raises NoMemoryError. */
+void strobe_out_of_memory(void);
+/* Runs fn(arg) under the profile lock; -1 if an allocation failed in it. */
+int strobe_profile_locked(void (*fn)(void *), void *arg);
+void strobe_profile_lock(void);
+void strobe_profile_unlock(void);
+void strobe_profile_after_fork(void);
 void strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, int ignore_gc);
 void strobe_profile_clear(void);
 int strobe_profile_thread_index(pid_t tid, VALUE thread);
+/* GVL held, on a finishing thread: keep its name, let go of the Thread. */
+void strobe_profile_thread_ended(strobe_thread_t *t);
+
 /* GVL held: record n samples of one stack (frames innermost first, or a
  * GC pseudo-stack when gc_kind is not STROBE_FRAME_RUBY) taken on thread t. */
 void strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, const int *lines,
@@ -226,16 +265,18 @@ size_t strobe_profile_memsize(void);
 
 void strobe_sampler_init(void);
 /* Returns NULL on success, or a message for ArgumentError/RuntimeError. */
-const char *strobe_sampler_start(strobe_mode_t mode, long interval);
+/* only: an Array of the Threads to profile, or Qnil for every thread. */
+const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only);
 void strobe_sampler_stop(void);
 int strobe_sampler_running(void);
+/* Profiled threads not sampled because STROBE_MAX_THREADS were running. */
+uint64_t strobe_sampler_unsampled_threads(void);
+void strobe_sampler_forget_unsampled(void);
 /* Custom mode / object mode: sample the current thread now (GVL held). */
 int strobe_sampler_sample_now(void);
 /* GVL held: record everything the handler captured so far. */
 void strobe_sampler_flush(void);
 /* Registered thread whose tid matches the caller (signal handler). */
-strobe_thread_t *strobe_sampler_thread_for_self(void);
-strobe_thread_t *strobe_sampler_thread_at(int index);
 void strobe_sampler_mark(void);
 
 /* ---- results.c ----------------------------------------------------------- */

@@ -8,14 +8,14 @@ module Strobe
   # ArgumentError naming the option, before anything is started.
   class Options
     MODES = %i[wall cpu object custom].freeze
-    KEYS = %i[mode interval raw aggregate ignore_gc metadata out].freeze
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out threads].freeze
     DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1, custom: nil }.freeze
     # Time modes: microseconds in [MIN_TIME_INTERVAL, MAX_TIME_INTERVAL].
     MIN_TIME_INTERVAL = 1
     MAX_TIME_INTERVAL = 1_000_000
     MAX_OBJECT_INTERVAL = 2**31 - 1
 
-    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :threads
 
     def initialize(opts)
       unknown = opts.keys - KEYS
@@ -31,6 +31,12 @@ module Strobe
       @ignore_gc = opts[:ignore_gc] ? true : false
       @metadata = parse_metadata(opts[:metadata])
       @out = parse_out(opts[:out])
+      @threads = parse_threads(opts.fetch(:threads, :all))
+    end
+
+    # nil for every thread (:all), or the Array of Threads to profile.
+    def threads_list
+      @threads == :all ? nil : @threads
     end
 
     private
@@ -58,6 +64,17 @@ module Strobe
       return value if value.between?(MIN_TIME_INTERVAL, MAX_TIME_INTERVAL)
 
       raise ArgumentError, "interval is a number of microseconds from #{MIN_TIME_INTERVAL} to #{MAX_TIME_INTERVAL}, got #{value}"
+    end
+
+    def parse_threads(value)
+      return :all if value == :all
+
+      list = value.is_a?(Thread) ? [value] : value
+      if list.is_a?(Array) && !list.empty? && list.all?(Thread)
+        return list.uniq
+      end
+
+      raise ArgumentError, "threads must be :all or an Array of Thread objects, got #{value.inspect}"
     end
 
     def parse_metadata(value)

@@ -1,0 +1,180 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+
+# Every thread is sampled, each by its own clock (issue 3).
+class TestThreads < Minitest::Test
+  # Burns this thread's own CPU time for the given seconds.
+  def spin(seconds)
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    deadline = Process.clock_gettime(clock) + seconds
+    x = 0
+    x += 1 while Process.clock_gettime(clock) < deadline
+    x
+  end
+
+  def nap(seconds)
+    sleep seconds
+  end
+
+  # Starts one named thread per share, each running work(share), and joins them.
+  def run_workers(shares, &work)
+    threads = shares.each_with_index.map do |share, i|
+      Thread.new do
+        Thread.current.name = "worker#{i}"
+        work.call(share)
+      end
+    end
+    threads.each(&:join)
+  end
+
+  # {thread name => percentage of the workers' samples}.
+  def worker_shares(result)
+    workers = result[:threads].values.select { |t| t[:name].to_s.start_with?("worker") }
+    total = workers.sum { |t| t[:samples] }
+    workers.to_h { |t| [t[:name], 100.0 * t[:samples] / total] }
+  end
+
+  def assert_shares(expected, result)
+    shares = worker_shares(result)
+    assert_equal expected.size, shares.size, "every worker appears in threads: #{result[:threads].inspect}"
+    expected.each_with_index do |pct, i|
+      assert_in_delta pct, shares.fetch("worker#{i}"), 3.0, "worker#{i}: #{shares.inspect}"
+    end
+  end
+
+  def test_cpu_mode_attributes_each_threads_cpu_time
+    result = Strobe.run(mode: :cpu, interval: 500) { run_workers([0.2, 0.15, 0.1, 0.05]) { |s| spin(s) } }
+    assert_shares [40, 30, 20, 10], result
+  end
+
+  def test_wall_mode_samples_blocked_threads_for_their_whole_life
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      run_workers([0.4, 0.3, 0.2, 0.1]) { |s| nap(s) }
+    end
+    assert_shares [40, 30, 20, 10], result
+    worker_samples = result[:threads].values.select { |t| t[:name].to_s.start_with?("worker") }.sum { |t| t[:samples] }
+    assert_operator frames_by_name(result).dig("TestThreads#nap", :total_samples), :>=, worker_samples * 0.95,
+                    "the workers' samples show where they blocked"
+    worker_tids = result[:threads].select { |_, t| t[:name].to_s.start_with?("worker") }.keys
+    assert_empty worker_tids - result[:raw_sample_threads].uniq, "raw samples carry each worker's thread"
+  end
+
+  def test_cpu_mode_gives_a_joining_thread_no_samples
+    main_tid = Thread.current.native_thread_id
+    result = Strobe.run(mode: :cpu, interval: 1000) { run_workers([0.3]) { |s| spin(s) } }
+    worker = result[:threads].values.find { |t| t[:name] == "worker0" }
+    assert_operator worker[:samples], :>=, 250
+    main = result[:threads].dig(main_tid, :samples).to_i
+    assert_operator main, :<=, 5, "the main thread only waited in join"
+  end
+
+  def test_threads_option_limits_sampling_to_those_threads
+    busy = Thread.new { spin(0.3) }
+    result = Strobe.run(mode: :wall, interval: 1000, threads: [Thread.current]) { nap(0.2) }
+    busy.join
+    assert_equal [Thread.current.native_thread_id], result[:threads].keys
+  end
+
+  def test_threads_option_accepts_a_thread_that_starts_later
+    worker = Thread.new do
+      Thread.stop
+      spin(0.1)
+    end
+    Thread.pass until worker.status == "sleep"
+    tid = worker.native_thread_id
+    result = Strobe.run(mode: :cpu, interval: 1000, threads: [worker]) do
+      worker.wakeup
+      worker.join
+    end
+    assert_equal [tid], result[:threads].keys
+    assert_operator result[:samples], :>=, 50
+  end
+
+  def test_custom_mode_ignores_threads_not_listed
+    Strobe.start(mode: :custom, threads: [Thread.current])
+    assert Strobe.sample
+    refute Thread.new { Strobe.sample }.value
+    Strobe.stop
+    result = Strobe.results
+    assert_equal 1, result[:samples]
+  end
+
+  def test_names_of_threads_that_ended
+    result = Strobe.run(mode: :wall, interval: 1000) do
+      Thread.new do
+        Thread.current.name = "short-lived"
+        nap(0.05)
+      end.join
+    end
+    names = result[:threads].values.map { |t| t[:name] }
+    assert_includes names, "short-lived"
+  end
+
+  def test_bad_threads_option
+    [[], :some, [1], "main"].each do |bad|
+      error = assert_raises(ArgumentError) { Strobe.start(threads: bad) }
+      assert_match(/threads must be :all or an Array of Thread objects/, error.message)
+      refute Strobe.running?
+    end
+  end
+
+  def open_fds
+    Dir.children("/proc/self/fd").size
+  end
+
+  def test_thread_churn_leaves_nothing_behind
+    fds = open_fds
+    Strobe.start(mode: :wall, interval: 200)
+    1000.times.each_slice(50) do |batch|
+      batch.map { Thread.new { 200.times { |i| i * i } } }.each(&:join)
+    end
+    registry = Strobe::Native.thread_registry
+    Strobe.stop
+    result = Strobe.results
+    assert_operator result[:threads].size, :>, 1
+    assert_operator registry[:slots], :<, 256, "ended threads' entries are reused: #{registry.inspect}"
+    assert_equal fds, open_fds
+    # Entries of the ended threads are freed once their kernel threads are gone.
+    Strobe.start(mode: :wall, interval: 200)
+    sleep 0.05
+    assert_equal Thread.list.count(&:alive?), Strobe::Native.thread_registry[:live]
+  end
+
+  def test_exit_while_threads_are_mid_sample
+    code = <<~RUBY
+      require "strobe"
+      Strobe.start(mode: :wall, interval: 100)
+      4.times { Thread.new { loop { [1, 2, 3].map { |x| x * 2 } } } }
+      2.times { Thread.new { loop { sleep 0.001 } } }
+      sleep 0.3
+      puts "exiting"
+      exit 0
+    RUBY
+    out, err, status = run_ruby(code)
+    assert status.success?, "exit status #{status.inspect}, stderr: #{err}"
+    assert_equal "exiting\n", out
+  end
+
+  def test_fork_while_threads_are_profiled
+    code = <<~RUBY
+      require "strobe"
+      def spin(s) = (t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID); nil until Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - t > s)
+      Strobe.start(mode: :cpu, interval: 1000)
+      workers = 2.times.map { |i| Thread.new { Thread.current.name = "w\#{i}"; spin(0.2) } }
+      pid = fork do
+        spin(0.1)
+        exit!(Strobe.running? ? 1 : 0)
+      end
+      Process.wait(pid)
+      workers.each(&:join)
+      Strobe.stop
+      r = Strobe.results
+      names = r[:threads].values.map { |t| t[:name] }.compact.sort
+      puts [$?.exitstatus, names.join(","), r[:samples] > 300].inspect
+    RUBY
+    out, err, status = run_ruby(code)
+    assert status.success?, "stderr: #{err}"
+    assert_equal "[0, \"w0,w1\", true]\n", out
+  end
+end
