@@ -1,9 +1,10 @@
 /*
  * strobe.h - types and entry points shared by the Strobe C files.
  *
- * A sample travels: sampler.c (timer thread, signal, handler) -> capture.c
- * (fills a ring slot; async-signal-safe) -> profile.c drains the ring with the
- * GVL held, interning stacks in stack_table.c and logging samples -> results.c
+ * A sample travels: threads.c (which threads) -> sampler.c (timer thread,
+ * signal, handler) -> capture.c (fills a ring slot; async-signal-safe) ->
+ * profile.c, which the timer thread drains the ring into under the profile
+ * lock, interning stacks in stack_table.c and logging samples -> results.c
  * builds the stackprof-shaped Hash. compact.c converts raw arrays to and from
  * the compact node-table form used in files. strobe.c binds it to Ruby.
  *
