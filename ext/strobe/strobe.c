@@ -173,4 +173,5 @@ Init_strobe(void)
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */
     rb_define_const(mNative, "SIGNAL", rb_str_new_cstr(STROBE_SIGNAL_TRAP));
     strobe_compact_define(mNative);
+    strobe_subset_define(mNative);
 }

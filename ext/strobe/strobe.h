@@ -283,6 +283,8 @@ void strobe_sampler_mark(void);
 /* ---- results.c ----------------------------------------------------------- */
 
 VALUE strobe_results_build(void);
+void strobe_results_aggregate(const strobe_node_t *nodes, uint32_t nodes_len, const uint64_t *self,
+                              VALUE details_by_frame, VALUE frame_ids, uint32_t frames_len, int aggregate);
 void strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
                         const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
                         const uint16_t *sample_threads, int64_t start_us, VALUE frame_ids);
@@ -290,6 +292,10 @@ void strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count
 /* ---- compact.c ------------------------------------------------------------ */
 
 void strobe_compact_define(VALUE mNative);
+
+/* ---- subset.c --------------------------------------------------------------- */
+
+void strobe_subset_define(VALUE mNative);
 
 /* ---- strobe.c ------------------------------------------------------------- */
 

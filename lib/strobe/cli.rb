@@ -193,7 +193,7 @@ module Strobe
     # --- strobe report -------------------------------------------------------
 
     def report_command(args)
-      settings = { limit: nil, sort_by_total: false }
+      settings = { limit: nil, sort_by_total: false, thread: nil }
       report_parser(settings).parse!(args)
       raise UsageError, "report: no FILE given (see strobe report --help)" if args.empty?
       raise UsageError, "report: expected one FILE, got #{args.size}: #{args.join(' ')}" if args.size > 1
@@ -210,15 +210,24 @@ module Strobe
         parser.separator "Options:"
         parser.on("--text", "Text report: frames by self samples (the default and only format)")
         report_options(parser, settings)
+        parser.on("--thread ID", Integer, "Only the samples of thread ID (a key of the profile's threads; needs --raw)") do |id|
+          settings[:thread] = id
+        end
         common_options(parser)
       end
     end
 
-    def print_report(path, limit:, sort_by_total:)
+    def print_report(path, limit:, sort_by_total:, thread: nil)
       result = load_profile(path)
       return 1 unless result
 
-      Report.new(result).print_text(@out, limit: limit, sort_by_total: sort_by_total)
+      begin
+        report = Report.new(result, thread: thread)
+      rescue ArgumentError, Strobe::ProfileError => e
+        error "cannot report on #{path}: #{e.message}"
+        return 1
+      end
+      report.print_text(@out, limit: limit, sort_by_total: sort_by_total)
       0
     end
 

@@ -17,12 +17,28 @@ module Strobe
     HEADER_FORMAT = "%10s    (pct)  %10s    (pct)     FRAME\n"
     ROW_FORMAT = "%10d %8s  %10d %8s     %s\n"
 
-    def initialize(result)
+    # thread: a thread id (a key of result[:threads]) restricts the report to
+    # that thread's samples; it needs the per-sample data of raw: true.
+    def initialize(result, thread: nil)
       unless result.is_a?(Hash) && (result[:frames].nil? || result[:frames].is_a?(Hash))
         raise ArgumentError, "not a Strobe result: expected a Hash with a :frames Hash, got #{result.class}"
       end
 
-      @result = result
+      @result = thread.nil? ? result : self.class.thread_result(result, thread)
+    end
+
+    # The result of one thread, derived (in C) from a result with raw data.
+    def self.thread_result(result, thread)
+      threads = result[:threads].is_a?(Hash) ? result[:threads] : {}
+      unless threads.key?(thread)
+        known = threads.keys.empty? ? "none" : threads.keys.join(", ")
+        raise ArgumentError, "no thread #{thread.inspect} in this profile (threads: #{known})"
+      end
+      unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array)
+        raise ArgumentError, "a report for one thread needs per-sample data: profile with raw: true (strobe run --raw)"
+      end
+
+      Native.thread_subset(result, thread)
     end
 
     attr_reader :result
@@ -109,9 +125,15 @@ module Strobe
     def print_header(io)
       io.puts RULE
       io.puts "  Mode: #{modeline}"
+      io.puts "  Thread: #{thread_line}" if @result[:thread]
       io.puts format("  Samples: %d (%.2f%% miss rate)", samples, miss_rate)
       io.puts format("  GC: %d (%.2f%%)", gc_samples, gc_rate)
       io.puts RULE
+    end
+
+    def thread_line
+      name = @result.dig(:threads, @result[:thread], :name)
+      name ? "#{@result[:thread]} (#{name})" : @result[:thread].to_s
     end
 
     def modeline

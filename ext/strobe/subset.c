@@ -1,0 +1,219 @@
+/*
+ * subset.c - the result of one thread, derived from a result with raw data.
+ *
+ * Strobe::Native.thread_subset(result, thread_id) walks the result's raw
+ * stacks (runs of identical stacks with a repeat count) alongside
+ * raw_sample_threads, keeps the samples of that thread, and builds a new
+ * result from them the same way live results are built: the stacks are
+ * interned into a stack table, the kept samples become per-node self counts,
+ * strobe_results_aggregate() derives samples/total_samples/edges/lines, and
+ * strobe_results_raw() writes the raw arrays. Frame ids are the original
+ * result's, so the two results can be compared frame by frame.
+ *
+ * Every index is checked: a malformed result raises Strobe::ProfileError.
+ * GVL held; not signal-safe. Linear in the samples, in C.
+ */
+#include "strobe.h"
+#include <stdlib.h>
+#include <string.h>
+
+#define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
+
+typedef struct {
+    strobe_stack_table_t table;
+    int table_ready;
+    uint64_t *self;          /* per node, grown with the table */
+    uint32_t self_capa;
+    uint32_t *sample_nodes;  /* kept samples */
+    int64_t *times;
+    uint16_t *threads;       /* all 0: the one thread */
+    size_t kept, kept_capa;
+    VALUE result, tid;
+} subset_t;
+
+static void *
+grow(void *ptr, size_t count, size_t size)
+{
+    void *p = realloc(ptr, count * size);
+    if (!p) rb_memerror();
+    return p;
+}
+
+static VALUE
+key(VALUE hash, const char *name)
+{
+    return rb_hash_aref(hash, strobe_sym(name));
+}
+
+static VALUE
+array_key(VALUE hash, const char *name)
+{
+    VALUE v = key(hash, name);
+    if (!RB_TYPE_P(v, T_ARRAY)) CORRUPT("the result has no %s array (profile with raw: true)", name);
+    return v;
+}
+
+static long
+int_at(VALUE ary, long i, const char *what)
+{
+    VALUE v = RARRAY_AREF(ary, i);
+    if (!RB_INTEGER_TYPE_P(v)) CORRUPT("%s[%ld] is not an integer", what, i);
+    return NUM2LONG(v);
+}
+
+static void
+keep(subset_t *s, uint32_t node, int64_t time)
+{
+    if (s->kept == s->kept_capa) {
+        s->kept_capa = s->kept_capa ? s->kept_capa * 2 : 1024;
+        s->sample_nodes = grow(s->sample_nodes, s->kept_capa, sizeof(uint32_t));
+        s->times = grow(s->times, s->kept_capa, sizeof(int64_t));
+        s->threads = grow(s->threads, s->kept_capa, sizeof(uint16_t));
+    }
+    s->sample_nodes[s->kept] = node;
+    s->times[s->kept] = time;
+    s->threads[s->kept] = 0;
+    s->kept++;
+    if (node >= s->self_capa) {
+        uint32_t capa = s->self_capa ? s->self_capa : 1024;
+        while (capa <= node) capa *= 2;
+        s->self = grow(s->self, capa, sizeof(uint64_t));
+        memset(s->self + s->self_capa, 0, (capa - s->self_capa) * sizeof(uint64_t));
+        s->self_capa = capa;
+    }
+    s->self[node]++;
+}
+
+static VALUE
+subset_body(VALUE arg)
+{
+    subset_t *s = (subset_t *)arg;
+    VALUE result = s->result;
+    VALUE raw = array_key(result, "raw"), raw_lines = array_key(result, "raw_lines");
+    VALUE sample_threads = array_key(result, "raw_sample_threads");
+    VALUE stamps = key(result, "raw_sample_timestamps");
+    VALUE frames = key(result, "frames");
+    if (!RB_TYPE_P(frames, T_HASH)) CORRUPT("the result has no frames Hash");
+    long raw_len = RARRAY_LEN(raw), n = RARRAY_LEN(sample_threads);
+    if (RARRAY_LEN(raw_lines) != raw_len) CORRUPT("raw_lines does not match raw");
+    int has_times = RB_TYPE_P(stamps, T_ARRAY);
+    if (has_times && RARRAY_LEN(stamps) != n) CORRUPT("raw_sample_timestamps does not match raw_sample_threads");
+
+    strobe_stack_table_init(&s->table);
+    s->table_ready = 1;
+    long sample = 0;
+    for (long i = 0; i < raw_len;) {
+        long depth = int_at(raw, i, "raw");
+        if (depth < 0 || i + depth + 2 > raw_len) CORRUPT("raw is truncated at index %ld", i);
+        long count = int_at(raw, i + depth + 1, "raw");
+        if (count < 0 || sample + count > n) CORRUPT("raw has more samples than raw_sample_threads");
+        uint32_t node = 0;
+        int interned = 0;
+        for (long k = sample; k < sample + count; k++) {
+            if (!rb_eql(RARRAY_AREF(sample_threads, k), s->tid)) continue;
+            if (!interned) { /* root first, as raw lists it */
+                for (long d = 1; d <= depth; d++) {
+                    VALUE id = RARRAY_AREF(raw, i + d);
+                    if (!FIXNUM_P(id)) CORRUPT("raw[%ld] is not a frame id", i + d);
+                    if (rb_hash_lookup2(frames, id, Qundef) == Qundef)
+                        CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", id);
+                    uint32_t f = strobe_stack_table_frame(&s->table, id, STROBE_FRAME_RUBY);
+                    long line = int_at(raw_lines, i + d, "raw_lines");
+                    node = strobe_stack_table_node(&s->table, node, f, (int32_t)line);
+                }
+                interned = 1;
+            }
+            if (node) keep(s, node, has_times ? NUM2LL(RARRAY_AREF(stamps, k)) : 0);
+        }
+        sample += count;
+        i += depth + 2;
+    }
+    if (sample != n) CORRUPT("raw_sample_threads has more samples than raw");
+
+    /* The new result: the same keys, counts of this thread only. */
+    VALUE out = rb_hash_dup(result);
+    const strobe_stack_table_t *st = &s->table;
+    VALUE details = rb_ary_new_capa(st->frames_len), frame_ids = rb_ary_new_capa(st->frames_len);
+    VALUE out_frames = rb_hash_new();
+    uint64_t gc = 0;
+    for (uint32_t f = 0; f < st->frames_len; f++) {
+        VALUE id = st->frames[f].value;
+        VALUE src = rb_hash_aref(frames, id);
+        VALUE d = rb_hash_new();
+        if (RB_TYPE_P(src, T_HASH)) {
+            VALUE v;
+            if (!NIL_P(v = key(src, "name"))) rb_hash_aset(d, strobe_sym("name"), v);
+            if (!NIL_P(v = key(src, "file"))) rb_hash_aset(d, strobe_sym("file"), v);
+            if (!NIL_P(v = key(src, "line"))) rb_hash_aset(d, strobe_sym("line"), v);
+        }
+        rb_ary_push(details, d);
+        rb_ary_push(frame_ids, id);
+        rb_hash_aset(out_frames, id, d);
+    }
+    uint64_t *self = calloc(st->nodes_len, sizeof(uint64_t));
+    if (!self) rb_memerror();
+    if (s->self) memcpy(self, s->self, sizeof(uint64_t) * (s->self_capa < st->nodes_len ? s->self_capa : st->nodes_len));
+    VALUE gc_name = rb_str_new_cstr("(garbage collection)");
+    for (uint32_t node = 1; node < st->nodes_len; node++) {
+        uint32_t root = node;
+        while (st->nodes[root].parent) root = st->nodes[root].parent;
+        VALUE name = key(RARRAY_AREF(details, st->nodes[root].frame), "name");
+        if (RB_TYPE_P(name, T_STRING) && rb_str_equal(name, gc_name)) gc += self[node];
+    }
+    strobe_results_aggregate(st->nodes, st->nodes_len, self, details, frame_ids, st->frames_len, 1);
+    free(self);
+    rb_hash_aset(out, strobe_sym("frames"), out_frames);
+    rb_hash_aset(out, strobe_sym("samples"), ULL2NUM(s->kept));
+    rb_hash_aset(out, strobe_sym("gc_samples"), ULL2NUM(gc));
+    rb_hash_aset(out, strobe_sym("missed_samples"), INT2FIX(0)); /* not attributable to a thread */
+    rb_hash_aset(out, strobe_sym("thread"), s->tid);
+
+    VALUE threads = key(result, "threads"), info = Qnil;
+    if (RB_TYPE_P(threads, T_HASH)) info = rb_hash_aref(threads, s->tid);
+    VALUE out_threads = rb_hash_new();
+    rb_hash_aset(out_threads, s->tid, NIL_P(info) ? rb_hash_new() : info);
+    rb_hash_aset(out, strobe_sym("threads"), out_threads);
+
+    int64_t start = 0;
+    VALUE deltas = key(result, "raw_timestamp_deltas");
+    if (has_times && n && RB_TYPE_P(deltas, T_ARRAY) && RARRAY_LEN(deltas) == n)
+        start = NUM2LL(RARRAY_AREF(stamps, 0)) - NUM2LL(RARRAY_AREF(deltas, 0));
+    VALUE thread_ids = rb_ary_new_from_args(1, s->tid);
+    strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes, has_times ? s->times : NULL,
+                       thread_ids, s->threads, start, frame_ids);
+    if (!has_times) {
+        rb_hash_delete(out, strobe_sym("raw_sample_timestamps"));
+        rb_hash_delete(out, strobe_sym("raw_timestamp_deltas"));
+    }
+    return out;
+}
+
+static VALUE
+subset_free(VALUE arg)
+{
+    subset_t *s = (subset_t *)arg;
+    if (s->table_ready) strobe_stack_table_free(&s->table);
+    free(s->self);
+    free(s->sample_nodes);
+    free(s->times);
+    free(s->threads);
+    return Qnil;
+}
+
+/* Strobe::Native.thread_subset(result, thread_id) -> the result of that thread. */
+static VALUE
+native_thread_subset(VALUE self, VALUE result, VALUE tid)
+{
+    Check_Type(result, T_HASH);
+    subset_t s;
+    memset(&s, 0, sizeof(s));
+    s.result = result;
+    s.tid = tid;
+    return rb_ensure(subset_body, (VALUE)&s, subset_free, (VALUE)&s);
+}
+
+void
+strobe_subset_define(VALUE mNative)
+{
+    rb_define_singleton_method(mNative, "thread_subset", native_thread_subset, 2);
+}

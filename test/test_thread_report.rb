@@ -1,0 +1,84 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "stringio"
+require "tmpdir"
+require "strobe/cli"
+
+# Reports restricted to one thread (Report thread:, strobe report --thread).
+class TestThreadReport < Minitest::Test
+  def burn(seconds)
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    deadline = Process.clock_gettime(clock) + seconds
+    nil while Process.clock_gettime(clock) < deadline
+  end
+
+  def burn_a = burn(0.15)
+  def burn_b = burn(0.05)
+
+  def two_thread_result(raw: true)
+    Strobe.run(mode: :cpu, interval: 500, raw: raw) do
+      [Thread.new { Thread.current.name = "A"; burn_a }, Thread.new { Thread.current.name = "B"; burn_b }].each(&:join)
+    end
+  end
+
+  def tid(result, name)
+    result[:threads].find { |_, t| t[:name] == name }.first
+  end
+
+  def test_each_thread_gets_only_its_samples_and_they_add_up
+    result = two_thread_result
+    subsets = result[:threads].keys.map { |id| Strobe::Report.thread_result(result, id) }
+    result[:threads].each_key.zip(subsets) do |id, subset|
+      assert_equal result[:threads][id][:samples], subset[:samples]
+      assert_equal [id], subset[:raw_sample_threads].uniq
+      assert_equal [id], subset[:threads].keys
+      assert_equal id, subset[:thread]
+    end
+    assert_equal result[:samples], subsets.sum { |s| s[:samples] }
+
+    a = subsets[result[:threads].keys.index(tid(result, "A"))]
+    names = a[:frames].values.map { |f| f[:name] }
+    assert_includes names, "TestThreadReport#burn_a"
+    refute_includes names, "TestThreadReport#burn_b"
+    # Per frame, the threads' totals add up to the whole profile's.
+    result[:frames].each do |id, frame|
+      assert_equal frame[:total_samples], subsets.sum { |s| s[:frames].dig(id, :total_samples).to_i }, frame[:name]
+      assert_equal frame[:samples], subsets.sum { |s| s[:frames].dig(id, :samples).to_i }, frame[:name]
+    end
+  end
+
+  def test_a_report_for_one_thread_needs_raw_data_and_a_known_thread
+    result = two_thread_result(raw: false)
+    error = assert_raises(ArgumentError) { Strobe::Report.new(result, thread: tid(result, "A")) }
+    assert_match(/raw: true/, error.message)
+    error = assert_raises(ArgumentError) { Strobe::Report.new(result, thread: -1) }
+    assert_match(/no thread -1 in this profile/, error.message)
+  end
+
+  def test_cli_report_for_one_thread
+    Dir.mktmpdir do |dir|
+      file = File.join(dir, "two.json")
+      result = two_thread_result
+      Strobe.save(result, file)
+      b = tid(result, "B")
+      out = StringIO.new
+      err = StringIO.new
+      assert_equal 0, Strobe::CLI.new(["report", file, "--thread", b.to_s], out: out, err: err).run
+      assert_match(/Thread: #{b} \(B\)/, out.string)
+      assert_match(/TestThreadReport#burn_b/, out.string)
+      refute_match(/burn_a/, out.string)
+
+      err = StringIO.new
+      assert_equal 1, Strobe::CLI.new(["report", file, "--thread", "1"], out: StringIO.new, err: err).run
+      assert_equal 1, err.string.lines.size
+      assert_match(/\Astrobe: cannot report on .*no thread 1 in this profile/, err.string)
+    end
+  end
+
+  def test_corrupt_raw_data_raises_profile_error
+    result = two_thread_result
+    result[:raw_sample_threads] = result[:raw_sample_threads].first(3)
+    assert_raises(Strobe::ProfileError) { Strobe::Report.thread_result(result, tid(result, "A")) }
+  end
+end
