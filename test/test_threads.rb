@@ -177,4 +177,32 @@ class TestThreads < Minitest::Test
     assert status.success?, "stderr: #{err}"
     assert_equal "[0, \"w0,w1\", true]\n", out
   end
+
+  def test_wall_mode_does_not_interrupt_threads_that_stay_blocked
+    Strobe.start(mode: :wall, interval: 1000, threads: :all)
+    run_workers([0.3, 0.3, 0.3, 0.3]) { |s| nap(s) }
+    signals = Strobe::Native.thread_registry[:signals]
+    Strobe.stop
+    result = Strobe.results
+    workers = result[:threads].values.select { |t| t[:name].to_s.start_with?("worker") }
+    workers.each { |w| assert_in_delta 300, w[:samples], 30, w.inspect }
+    assert_operator signals, :<, result[:samples] / 10,
+                    "blocked threads are sampled without a signal once their stack is known"
+  end
+
+  def idle_then_busy
+    nap(0.15)
+    spin(0.1)
+    nap(0.15)
+  end
+
+  def test_a_thread_that_wakes_up_is_sampled_where_it_runs
+    result = Strobe.run(mode: :wall, interval: 1000, threads: :all) { run_workers([0]) { idle_then_busy } }
+    frames = frames_by_name(result)
+    worker = result[:threads].values.find { |t| t[:name] == "worker0" }[:samples]
+    spin_share = frames.dig("TestThreads#spin", :total_samples).to_f / worker
+    nap_share = frames.dig("TestThreads#nap", :total_samples).to_f / worker
+    assert_in_delta 0.25, spin_share, 0.1, "frames: #{frames.transform_values { |f| f[:total_samples] }}"
+    assert_in_delta 0.75, nap_share, 0.1
+  end
 end

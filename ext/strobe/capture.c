@@ -63,8 +63,26 @@ try_append(strobe_thread_t *t, int64_t now_us)
     return ok;
 }
 
+/* A cheap digest of the scratch stack, to tell whether the thread's stack
+ * changed since its previous capture, drained or not. */
+static uint64_t
+fingerprint(const strobe_thread_t *t)
+{
+    uint64_t h = 0xcbf29ce484222325ULL ^ (uint64_t)t->scratch_depth;
+    for (int i = 0; i < t->scratch_depth; i++)
+        h = (h ^ (uint64_t)t->scratch_frames[i] ^ ((uint64_t)(uint32_t)t->scratch_lines[i] << 32)) *
+            0x100000001b3ULL;
+    return h;
+}
+
 int
-strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us)
+strobe_capture_drained(int64_t seq)
+{
+    return seq < 0 || (uint64_t)seq < atomic_load_explicit(&read_seq, memory_order_acquire);
+}
+
+int
+strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us, int *unchanged)
 {
     if (gc_kind == STROBE_FRAME_RUBY) {
         int depth = rb_profile_frames(0, STROBE_MAX_DEPTH, t->scratch_frames, t->scratch_lines);
@@ -75,6 +93,11 @@ strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us)
     t->scratch_gc_kind = (uint8_t)gc_kind;
     if (t->scratch_depth == 0 && gc_kind == STROBE_FRAME_RUBY)
         return 0; /* no Ruby frame to attribute the sample to */
+    if (unchanged) {
+        uint64_t fp = gc_kind == STROBE_FRAME_RUBY ? fingerprint(t) : 0;
+        *unchanged = fp != 0 && fp == t->last_fingerprint;
+        t->last_fingerprint = fp;
+    }
     if (try_append(t, now_us)) return 1;
 
     uint64_t seq = atomic_load(&write_seq);

@@ -141,7 +141,7 @@ strobe_profile_thread_index(pid_t tid, VALUE thread)
         p->threads = threads;
         p->threads_capa = capa;
     }
-    p->threads[p->threads_len] = (strobe_profile_thread_t){ tid, thread, Qnil, 0 };
+    p->threads[p->threads_len] = (strobe_profile_thread_t){ tid, thread, Qnil, 0, 0 };
     return p->threads_len++;
 }
 
@@ -251,6 +251,7 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
     if (node >= p->node_self_capa) ensure_node_counts(p);
 
     int thread = profile_thread(p, t);
+    p->threads[thread].last_node = gc_kind == STROBE_FRAME_RUBY ? node : 0;
     p->node_self[node] += n;
     p->samples += n;
     if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
@@ -264,6 +265,21 @@ strobe_profile_record_slot(const strobe_slot_t *slot)
 {
     strobe_profile_record(strobe_threads_at(slot->thread), slot->gc_kind, slot->frames,
                           slot->lines, slot->depth, slot->times, slot->n_times);
+}
+
+int
+strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us)
+{
+    strobe_profile_t *p = &strobe_profile;
+    if (!p->active || t->profile_index < 0 || t->profile_index >= p->threads_len) return 0;
+    int thread = t->profile_index;
+    uint32_t node = p->threads[thread].last_node;
+    if (!node) return 0;
+    p->node_self[node]++;
+    p->samples++;
+    p->threads[thread].samples++;
+    if (p->raw) log_sample(p, node, time_us, (uint16_t)thread);
+    return 1;
 }
 
 uint64_t

@@ -9,16 +9,21 @@
  *
  * Time modes run a timer thread (a plain pthread with every signal blocked,
  * never calling Ruby). Each interval it wakes on an absolute CLOCK_MONOTONIC
- * deadline and sends STROBE_SIGNAL with tgkill() to each registered thread:
- * always in :wall mode, so threads blocked in IO, sleep, join or waiting for
- * the GVL are sampled too (their stack as of blocking), and in :cpu mode only
- * when that thread's own CPU clock advanced by an interval since its last
- * signal. This is not capped by the kernel tick the way
- * setitimer(ITIMER_PROF) is, a thread that waits gets no CPU samples, and a
- * dead thread is never signalled (tgkill reports ESRCH, a dead thread's CPU
- * clock reads EINVAL). After signalling, the timer thread drains the ring
- * into the profile under the profile lock, without the GVL: samples are
- * recorded even while every Ruby thread is blocked.
+ * deadline. It first drains the ring into the profile under the profile
+ * lock, without the GVL (so samples are recorded even while every Ruby thread
+ * is blocked), then sends STROBE_SIGNAL with tgkill() to each registered
+ * thread that needs one:
+ *   - :wall: every thread, so threads blocked in IO, sleep, join or waiting
+ *     for the GVL are sampled too (their stack as of blocking); except a
+ *     thread that captured the same stack twice and whose CPU clock has not
+ *     moved since: it has not run, so its stack cannot have changed, and the
+ *     timer records that stack again (strobe_profile_record_repeat) without
+ *     interrupting it;
+ *   - :cpu: a thread whose own CPU clock advanced by an interval since its
+ *     last signal, so a thread that waits gets no CPU samples and the rate is
+ *     not capped by the kernel tick the way setitimer(ITIMER_PROF) is.
+ * A dead thread is never signalled (tgkill reports ESRCH, a dead thread's
+ * CPU clock reads EINVAL).
  *
  * The handler runs on the sampled thread. It only does what
  * strobe_capture() allows (async-signal-safe). It preserves errno, guards
@@ -53,6 +58,7 @@ static struct {
     long interval;
     VALUE only;              /* Array of the Threads to profile, or Qnil for all */
     uint64_t unsampled_threads; /* profiled threads the full registry turned away */
+    _Atomic uint64_t signals_sent; /* since the last start */
 
     /* timer thread */
     pthread_t timer;
@@ -158,7 +164,7 @@ gc_kind_now(void)
 
 /* Takes one sample on the calling thread. Returns 1 if captured. */
 static int
-sample_thread(strobe_thread_t *t)
+sample_thread(strobe_thread_t *t, int *unchanged)
 {
     int gc_kind = STROBE_FRAME_RUBY;
     if (rb_during_gc()) {
@@ -166,7 +172,16 @@ sample_thread(strobe_thread_t *t)
         if (strobe_profile.ignore_gc) return -1;
         gc_kind = gc_kind_now();
     }
-    return strobe_capture(t, gc_kind, strobe_now_us());
+    return strobe_capture(t, gc_kind, strobe_now_us(), unchanged);
+}
+
+/* The calling thread's CPU time; async-signal-safe. */
+static int64_t
+own_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static void
@@ -180,13 +195,47 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     if (!t) goto out; /* not a thread we sample */
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }
 
-    if (sample_thread(t) == 0) strobe_profile_add_missed(1);
+    if (S.mode == STROBE_MODE_WALL) {
+        /* The same stack twice: the thread is likely blocked. Its CPU time
+         * now lets the timer see whether it ran since (see timer_main). */
+        int unchanged = 0;
+        int r = sample_thread(t, &unchanged);
+        if (r == 0) strobe_profile_add_missed(1);
+        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? own_cpu_ns() : -1);
+        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+    } else if (sample_thread(t, NULL) == 0) {
+        strobe_profile_add_missed(1);
+    }
     atomic_store(&t->in_handler, 0);
 out:
     errno = saved_errno;
 }
 
 /* ---- timer thread ------------------------------------------------------------ */
+
+/* Ticks a wall-mode signal may wait to be handled before it is taken as
+ * lost and sent again (the ticks meanwhile count as missed). */
+#define STROBE_PENDING_TICKS 100
+/* See idle_ns in timer_main. */
+#define STROBE_IDLE_CPU_NS 20000
+
+struct repeats {
+    strobe_thread_t **threads;
+    int len;
+    int64_t time_us;
+};
+
+/* Under the profile lock: a repeat sample for each idle thread; the threads
+ * with nothing to repeat are left at the front of the array (len). */
+static void
+record_repeats(void *arg)
+{
+    struct repeats *r = arg;
+    int keep = 0;
+    for (int i = 0; i < r->len; i++)
+        if (!strobe_profile_record_repeat(r->threads[i], r->time_us)) r->threads[keep++] = r->threads[i];
+    r->len = keep;
+}
 
 static int64_t
 clock_ns(clockid_t clock)
@@ -199,6 +248,7 @@ clock_ns(clockid_t clock)
 static void
 send_signal(const strobe_thread_t *t)
 {
+    atomic_fetch_add_explicit(&S.signals_sent, 1, memory_order_relaxed);
     syscall(SYS_tgkill, (long)getpid(), (long)t->tid, (long)STROBE_SIGNAL);
 }
 
@@ -207,6 +257,11 @@ timer_main(void *arg)
 {
     (void)arg;
     const int64_t interval_ns = (int64_t)S.interval * 1000;
+    /* CPU a blocked thread may use after its handler read its clock (the
+     * rest of the handler, sigreturn, re-entering the wait) and still count
+     * as not having run. */
+    const int64_t idle_ns = interval_ns / 4 < STROBE_IDLE_CPU_NS ? interval_ns / 4 : STROBE_IDLE_CPU_NS;
+    static strobe_thread_t *idle_threads[STROBE_MAX_THREADS];
     int64_t next = clock_ns(CLOCK_MONOTONIC);
 
     pthread_mutex_lock(&S.timer_lock);
@@ -219,27 +274,55 @@ timer_main(void *arg)
         }
         if (S.timer_stop) break;
 
-        int n = strobe_threads_len(), live = 0;
+        /* Record what the handlers captured since the last tick. Off the
+         * GVL, so it goes on whether or not any Ruby thread is running. */
+        strobe_profile_locked(drain, NULL);
+
+        int n = strobe_threads_len(), live = 0, idle_len = 0;
+        int64_t now_us = strobe_now_us();
         for (int i = 0; i < n; i++) {
             strobe_thread_t *t = strobe_threads_at(i);
             int state = atomic_load_explicit(&t->state, memory_order_acquire);
             if (state == STROBE_THREAD_DEAD) strobe_threads_reclaim(t);
             if (state != STROBE_THREAD_LIVE) continue;
             live++;
+            int64_t cpu = clock_ns(t->cpu_clock);
+            if (cpu < 0) continue; /* thread is gone */
             if (S.mode == STROBE_MODE_CPU) {
-                int64_t cpu = clock_ns(t->cpu_clock);
-                if (cpu < 0) continue; /* thread is gone */
                 if (cpu - t->cpu_last_ns < interval_ns) continue;
                 /* Carry the remainder so the rate matches the interval, but
                  * never owe more than one sample after an idle spell. */
                 t->cpu_last_ns += interval_ns;
                 if (cpu - t->cpu_last_ns > interval_ns) t->cpu_last_ns = cpu - interval_ns;
+            } else {
+                uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
+                if ((int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS) {
+                    strobe_profile_add_missed(1); /* its last signal is not handled yet */
+                    continue;
+                }
+                /* Its stack was the same twice and it has used (almost) no
+                 * CPU since: it has not run, so its stack is unchanged.
+                 * Record that stack again instead of interrupting it. */
+                int64_t idle = atomic_load(&t->idle_cpu_ns);
+                if (idle >= 0 && cpu - idle < idle_ns && strobe_capture_drained(t->last_seq)) {
+                    idle_threads[idle_len++] = t;
+                    continue;
+                }
+                t->sent = handled + 1;
+                t->pending_ticks = 0;
             }
             send_signal(t);
         }
-        /* Record what the handlers captured since the last tick. Off the
-         * GVL, so it goes on whether or not any Ruby thread is running. */
-        strobe_profile_locked(drain, NULL);
+        if (idle_len) {
+            struct repeats r = { idle_threads, idle_len, now_us };
+            strobe_profile_locked(record_repeats, &r);
+            for (int i = 0; i < r.len; i++) { /* nothing to repeat yet */
+                strobe_thread_t *t = r.threads[i];
+                t->sent = atomic_load(&t->handled) + 1;
+                t->pending_ticks = 0;
+                send_signal(t);
+            }
+        }
         /* Late by more than an interval (machine busy): do not burst, but
          * in wall mode every tick skipped is a sample owed, so count it as
          * missed rather than let the rate drop silently. (In CPU mode the
@@ -351,6 +434,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only)
     S.mode = mode;
     S.interval = interval;
     S.only = only;
+    atomic_store(&S.signals_sent, 0);
     strobe_threads_reset();
     if (NIL_P(S.thread_hook))
         S.thread_hook = rb_tracepoint_new(Qnil, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, thread_hook, NULL);
@@ -390,6 +474,12 @@ strobe_sampler_stop(void)
         rb_tracepoint_disable(S.newobj_hook);
     }
     strobe_sampler_flush();
+}
+
+uint64_t
+strobe_sampler_signals_sent(void)
+{
+    return atomic_load(&S.signals_sent);
 }
 
 uint64_t

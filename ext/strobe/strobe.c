@@ -91,14 +91,16 @@ native_stop(VALUE self)
     return Qtrue;
 }
 
-/* Strobe::Native.thread_registry -> {live:, slots:}: threads the sampler
- * targets now, and registry entries ever used (reused after threads end). */
+/* Strobe::Native.thread_registry -> {live:, slots:, signals:}: threads the
+ * sampler targets now, registry entries ever used (reused after threads
+ * end), and signals the timer thread sent since the last start. */
 static VALUE
 native_thread_registry(VALUE self)
 {
     VALUE h = rb_hash_new();
     rb_hash_aset(h, strobe_sym("live"), INT2NUM(strobe_threads_live()));
     rb_hash_aset(h, strobe_sym("slots"), INT2NUM(strobe_threads_len()));
+    rb_hash_aset(h, strobe_sym("signals"), ULL2NUM(strobe_sampler_signals_sent()));
     return h;
 }
 

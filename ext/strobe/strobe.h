@@ -82,9 +82,16 @@ typedef struct {
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
-    int64_t last_seq;        /* ring seq of this thread's newest slot, -1 none */
+    _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
     int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */
     int64_t cpu_last_ns;     /* CPU mode (timer thread): CPU time at the last signal */
+    /* :wall mode, signalling only threads whose stack can have changed */
+    uint32_t sent;           /* timer: signals sent */
+    uint32_t pending_ticks;  /* timer: ticks the newest signal has waited */
+    atomic_uint handled;     /* handler: signals handled */
+    uint64_t last_fingerprint;   /* handler: digest of its previous capture */
+    _Atomic int64_t idle_cpu_ns; /* handler: its CPU time right after a capture
+                                  * equal to the previous one, else -1 */
     int scratch_depth;
     uint8_t scratch_gc_kind;
     int64_t scratch_time;
@@ -94,8 +101,12 @@ typedef struct {
 
 void strobe_capture_reset(void);
 /* Async-signal-safe: capture the current thread's stack (or a GC sample)
- * into the ring. Returns 1 when the sample was taken, 0 when missed. */
-int strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us);
+ * into the ring. Returns 1 when the sample was taken, 0 when missed. With
+ * unchanged non-NULL, sets it to whether this Ruby stack equals the thread's
+ * previous capture. */
+int strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us, int *unchanged);
+/* Whether the slot of sequence seq has been drained (any thread). */
+int strobe_capture_drained(int64_t seq);
 /* GVL held: hand every completed slot to fn, oldest first. */
 typedef void (*strobe_slot_fn)(const strobe_slot_t *slot);
 void strobe_capture_drain(strobe_slot_fn fn);
@@ -210,6 +221,7 @@ typedef struct {
     VALUE thread;            /* Ruby Thread while it runs (marked), else Qnil */
     VALUE name;              /* its name, taken when it ended (marked) */
     uint64_t samples;
+    uint32_t last_node;      /* leaf of its latest sample (0 none): repeats reuse it */
 } strobe_profile_thread_t;
 
 /* Sample log thread indexes are 16-bit; later threads share the last one. */
@@ -257,6 +269,9 @@ void strobe_profile_thread_ended(strobe_thread_t *t);
 void strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, const int *lines,
                            int depth, const int64_t *times, uint32_t n);
 void strobe_profile_record_slot(const strobe_slot_t *slot);
+/* Under the profile lock: one more sample of t's latest recorded Ruby stack,
+ * at time_us. Returns 0 (recording nothing) when t has none. */
+int strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us);
 void strobe_profile_add_missed(uint64_t n);
 uint64_t strobe_profile_missed(void);
 void strobe_profile_mark(void);
@@ -272,6 +287,8 @@ void strobe_sampler_stop(void);
 int strobe_sampler_running(void);
 /* Profiled threads not sampled because STROBE_MAX_THREADS were running. */
 uint64_t strobe_sampler_unsampled_threads(void);
+/* Signals the timer thread sent since the last start. */
+uint64_t strobe_sampler_signals_sent(void);
 void strobe_sampler_forget_unsampled(void);
 /* Custom mode / object mode: sample the current thread now (GVL held). */
 int strobe_sampler_sample_now(void);

@@ -124,6 +124,7 @@ strobe_threads_add(pid_t tid, VALUE thread)
     t->thread = thread;
     t->last_seq = -1;
     t->profile_index = -1;
+    atomic_store(&t->idle_cpu_ns, -1);
     struct timespec ts;
     if (clock_gettime(t->cpu_clock, &ts) == 0)
         t->cpu_last_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
