@@ -184,20 +184,30 @@ ensure_node_counts(strobe_profile_t *p)
 }
 
 static void
+log_sample_in_new_chunk(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
+{
+    strobe_chunk_t *fresh = malloc(sizeof(strobe_chunk_t));
+    if (!fresh) strobe_out_of_memory();
+    fresh->next = NULL;
+    fresh->base_us = time_us;
+    fresh->len = 1;
+    fresh->samples[0] = (strobe_sample_t){ node, 0, thread, 0 };
+    if (p->last_chunk) p->last_chunk->next = fresh; else p->first_chunk = fresh;
+    p->last_chunk = fresh;
+}
+
+/* Inline: the common case is one store into the current chunk. */
+static inline void
 log_sample(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
 {
     strobe_chunk_t *c = p->last_chunk;
     /* Unsigned: a time before the chunk's base wraps and also starts a chunk. */
-    if (!c || c->len == STROBE_CHUNK_SAMPLES || (uint64_t)(time_us - c->base_us) > UINT32_MAX) {
-        strobe_chunk_t *fresh = malloc(sizeof(strobe_chunk_t));
-        if (!fresh) strobe_out_of_memory();
-        fresh->next = NULL;
-        fresh->base_us = time_us;
-        fresh->len = 0;
-        if (c) c->next = fresh; else p->first_chunk = fresh;
-        p->last_chunk = c = fresh;
+    uint64_t offset = c ? (uint64_t)(time_us - c->base_us) : UINT64_MAX;
+    if (offset > UINT32_MAX || c->len == STROBE_CHUNK_SAMPLES) {
+        log_sample_in_new_chunk(p, node, time_us, thread);
+        return;
     }
-    c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)(time_us - c->base_us), thread, 0 };
+    c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)offset, thread, 0 };
 }
 
 /* Interns a Ruby stack (innermost first, as captured) and returns its leaf

@@ -539,12 +539,16 @@ strobe_sampler_sample_now(void)
         if (depth <= 0) taken = 0; /* no Ruby frame to attribute it to */
     }
     if (taken == 1) {
+        int64_t now = strobe_now_us();
+        if (!timed) {
+            strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, 1);
+            atomic_store(&t->in_handler, 0);
+            return 1;
+        }
         t->scratch_depth = depth;
         t->scratch_gc_kind = (uint8_t)gc_kind;
-        t->scratch_time = strobe_now_us();
-        if (!timed) {
-            record_scratch(t);
-        } else if (strobe_profile_locked(drain_then_record_scratch, t) < 0) {
+        t->scratch_time = now;
+        if (strobe_profile_locked(drain_then_record_scratch, t) < 0) {
             atomic_store(&t->in_handler, 0);
             rb_memerror();
         }
