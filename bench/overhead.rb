@@ -47,7 +47,9 @@ module Overhead
     floor_itimer: "empty handler, setitimer (stackprof's way)"
   }.freeze
 
-  Segment = Struct.new(:kind, :time, :samples, :missed, keyword_init: true)
+  # other_cpu: CPU time of the process's other threads during the segment
+  # (Strobe's timer thread, which also records the samples).
+  Segment = Struct.new(:kind, :time, :samples, :missed, :other_cpu, keyword_init: true)
 
   # The null profilers: timer_floor.c as a shared library, through Fiddle.
   class Floor
@@ -91,8 +93,12 @@ module Overhead
     when :floor_thread, :floor_itimer then floor.start(kind, interval)
     end
     t0 = Process.clock_gettime(CLOCK)
+    own0 = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID)
+    all0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     workload.run(units)
     time = Process.clock_gettime(CLOCK) - t0
+    own = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - own0
+    other_cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - all0 - own
     samples, missed =
       case kind
       when :strobe then Strobe.stop && Strobe.results.values_at(:samples, :missed_samples)
@@ -100,7 +106,7 @@ module Overhead
       when :floor_thread, :floor_itimer then [floor.stop, 0]
       else [0, 0]
       end
-    Segment.new(kind: kind, time: time, samples: samples, missed: missed.to_i)
+    Segment.new(kind: kind, time: time, samples: samples, missed: missed.to_i, other_cpu: other_cpu)
   end
 
   # After one discarded warm-up round, ROUNDS rounds of: unprofiled, then
@@ -133,6 +139,7 @@ module Overhead
   def summary(profiled, adjacent)
     { slowdown: Bench.median(profiled.map(&:time)) / Bench.median(adjacent.map(&:time)) - 1,
       rate: profiled.sum(&:samples) / profiled.sum(&:time),
+      other_cpu: profiled.sum(&:other_cpu) / profiled.sum(&:time),
       missed: profiled.sum(&:missed) }
   end
 
@@ -152,9 +159,10 @@ module Overhead
     puts
     puts "interval #{interval} µs (#{hz} Hz)"
     Bench.table(
-      ["run", "slowdown", "samples/s", "missed"],
+      ["run", "slowdown", "samples/s", "missed", "other threads' CPU"],
       results.map do |kind, r|
-        [LABELS[kind], pct(r[:slowdown]), r[:rate].round, kind.start_with?("floor") ? "" : r[:missed]]
+        [LABELS[kind], pct(r[:slowdown]), r[:rate].round, kind.start_with?("floor") ? "" : r[:missed],
+         format("%.2f %%", r[:other_cpu] * 100)]
       end
     )
     ours = results[:strobe][:slowdown]
