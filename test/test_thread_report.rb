@@ -81,4 +81,17 @@ class TestThreadReport < Minitest::Test
     result[:raw_sample_threads] = result[:raw_sample_threads].first(3)
     assert_raises(Strobe::ProfileError) { Strobe::Report.thread_result(result, tid(result, "A")) }
   end
+
+  def test_huge_counts_in_raw_data_raise_profile_error
+    result = two_thread_result
+    id = tid(result, "A")
+    huge = result.merge(raw: [0, 2, 0, 2**63 - 1, 0, 2**60])
+    assert_raises(Strobe::ProfileError) { Strobe::Report.thread_result(huge, id) }
+    assert_raises(Strobe::ProfileError) do
+      Strobe::Native.compact([2**63 - 1, 0], nil, nil, nil, { 0 => 0 }, {}, 0)
+    end
+    assert_raises(Strobe::ProfileError) do
+      Strobe::Native.compact([0, 2**62], nil, [1, 2], nil, {}, {}, 0)
+    end
+  end
 end

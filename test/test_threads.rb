@@ -205,4 +205,24 @@ class TestThreads < Minitest::Test
     assert_in_delta 0.25, spin_share, 0.1, "frames: #{frames.transform_values { |f| f[:total_samples] }}"
     assert_in_delta 0.75, nap_share, 0.1
   end
+
+  # A thread created just before start has a kernel tid but no Ruby
+  # execution context until it first runs; signalling it must be harmless.
+  def test_threads_that_have_not_run_yet_are_safe_to_signal
+    code = <<~RUBY
+      require "strobe"
+      30.times do
+        Thread.new { 1 }
+        Strobe.start(mode: :wall, interval: 50)
+        t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 0.01
+        Strobe.stop
+        Strobe.results
+      end
+      puts "ok"
+    RUBY
+    out, err, status = run_ruby(code)
+    assert status.success?, "status #{status.inspect}: #{err[0, 400]}"
+    assert_equal "ok\n", out
+  end
 end

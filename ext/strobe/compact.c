@@ -50,9 +50,14 @@ compact_body(VALUE arg)
 
     VALUE nodes_out = rb_ary_new(), sample_nodes = rb_ary_new();
     VALUE deltas = rb_ary_new(), threads = rb_ary_new();
+    /* Samples raw may claim: as many as the per-sample arrays hold. */
+    long sample_limit = UINT32_MAX;
+    if (!NIL_P(a->timestamps)) sample_limit = array_len(a->timestamps, "raw_sample_timestamps");
+    else if (!NIL_P(a->sample_threads)) sample_limit = array_len(a->sample_threads, "raw_sample_threads");
     for (long i = 0; i < raw_len;) {
         long depth = int_at(raw, i, "raw");
-        if (depth < 0 || i + depth + 2 > raw_len) CORRUPT("raw is truncated at index %ld", i);
+        /* Written so that no huge value can overflow the check. */
+        if (depth < 0 || depth > raw_len - i - 2) CORRUPT("raw is truncated at index %ld", i);
         uint32_t node = 0;
         for (long k = 1; k <= depth; k++) {
             VALUE pos = rb_hash_lookup2(a->frame_pos, RARRAY_AREF(raw, i + k), Qundef);
@@ -68,6 +73,8 @@ compact_body(VALUE arg)
             }
         }
         long count = int_at(raw, i + depth + 1, "raw");
+        if (count < 0 || count > sample_limit - RARRAY_LEN(sample_nodes))
+            CORRUPT("raw has %ld samples at index %ld, more than its per-sample arrays hold", count, i);
         for (long c = 0; c < count; c++) rb_ary_push(sample_nodes, UINT2NUM(node));
         i += depth + 2;
     }

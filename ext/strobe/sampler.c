@@ -191,6 +191,9 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     int saved_errno = errno;
 
     if (!atomic_load(&S.running) || !atomic_load(&S.vm_alive)) goto out;
+    /* A thread registered by its tid may not have started running Ruby
+     * yet (no execution context): its stack cannot be read. */
+    if (!ruby_native_thread_p()) goto out;
     strobe_thread_t *t = strobe_threads_self();
     if (!t) goto out; /* not a thread we sample */
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }

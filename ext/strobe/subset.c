@@ -104,9 +104,10 @@ subset_body(VALUE arg)
     long sample = 0;
     for (long i = 0; i < raw_len;) {
         long depth = int_at(raw, i, "raw");
-        if (depth < 0 || i + depth + 2 > raw_len) CORRUPT("raw is truncated at index %ld", i);
+        /* Written so that no huge value can overflow the checks. */
+        if (depth < 0 || depth > raw_len - i - 2) CORRUPT("raw is truncated at index %ld", i);
         long count = int_at(raw, i + depth + 1, "raw");
-        if (count < 0 || sample + count > n) CORRUPT("raw has more samples than raw_sample_threads");
+        if (count < 0 || count > n - sample) CORRUPT("raw has more samples than raw_sample_threads");
         uint32_t node = 0;
         int interned = 0;
         for (long k = sample; k < sample + count; k++) {
