@@ -503,18 +503,15 @@ strobe_sampler_running(void)
     return atomic_load(&S.running);
 }
 
+/* Under the profile lock: what the handlers captured first, then the stack
+ * sample_now left in the thread's scratch buffer. */
 static void
-record_scratch(strobe_thread_t *t)
+drain_then_record_scratch(void *arg)
 {
+    strobe_thread_t *t = arg;
+    drain(NULL);
     strobe_profile_record(t, t->scratch_gc_kind, t->scratch_frames, t->scratch_lines,
                           t->scratch_depth, &t->scratch_time, 1);
-}
-
-static void
-drain_then_record_scratch(void *t)
-{
-    drain(NULL);
-    record_scratch(t);
 }
 
 int
