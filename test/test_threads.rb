@@ -178,6 +178,78 @@ class TestThreads < Minitest::Test
     assert_equal "[0, \"w0,w1\", true]\n", out
   end
 
+  # Forks land at any point of the timer's tick, mid-drain included: every
+  # child must find a consistent profile and be able to profile on its own.
+  def test_forks_during_fast_sampling_leave_children_a_working_profiler
+    code = <<~RUBY
+      require "strobe"
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      stop = false
+      # Computing, but letting go of the GVL often so the main thread forks on time.
+      workers = 3.times.map { Thread.new { (200.times { [1, 2, 3].map { |x| x * 2 } }; sleep 0) until stop } }
+      sleeper = Thread.new { sleep 0.001 until stop }
+      statuses = 20.times.map do
+        sleep 0.01
+        pid = fork do
+          inherited = Strobe.results
+          Strobe.start(mode: :wall, interval: 200)
+          t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 0.05
+          Strobe.stop
+          own = Strobe.results
+          ok = inherited[:samples] == inherited[:raw_sample_timestamps].size &&
+               own[:samples] > 20 && own[:threads].size == 1
+          exit!(ok ? 0 : 1)
+        end
+        Process.wait(pid)
+        $?.exitstatus
+      end
+      stop = true
+      [*workers, sleeper].each(&:join)
+      Strobe.stop
+      r = Strobe.results
+      puts [statuses.uniq, r[:threads].size >= 5].inspect
+    RUBY
+    out, err, status = run_ruby(code, timeout: 120)
+    assert status.success?, "status #{status.inspect}: #{err[0, 400]}"
+    assert_equal "[[0], true]\n", out
+  end
+
+  # Blocked threads are sampled without the GVL while the GVL holder
+  # compacts, and the methods they sampled are dropped and collected:
+  # nothing captured during a compaction may reach the profile.
+  def test_blocked_threads_sampled_while_another_thread_compacts
+    code = <<~RUBY
+      require "strobe"
+      Strobe.start(mode: :wall, interval: 100)
+      stop = false
+      sleepers = 3.times.map do |i|
+        Thread.new do
+          n = 0
+          until stop
+            name = :"transient_\#{i}_\#{n += 1}"
+            Object.class_eval("def \#{name} = sleep(0.0005)", __FILE__, __LINE__)
+            send(name)
+            Object.send(:remove_method, name)
+          end
+        end
+      end
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.6
+      GC.compact while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      stop = true
+      sleepers.each(&:join)
+      Strobe.stop
+      r = Strobe.results
+      GC.compact
+      names = r[:frames].values.map { |f| f[:name] }
+      puts [r[:samples] > 100, names.all? { |n| n.is_a?(String) && !n.empty? },
+            names.any? { |n| n.include?("transient_") }].inspect
+    RUBY
+    out, err, status = run_ruby(code, timeout: 120)
+    assert status.success?, "status #{status.inspect}: #{err[0, 400]}"
+    assert_equal "[true, true, true]\n", out
+  end
+
   def test_wall_mode_does_not_interrupt_threads_that_stay_blocked
     Strobe.start(mode: :wall, interval: 1000, threads: :all)
     run_workers([0.3, 0.3, 0.3, 0.3]) { |s| nap(s) }

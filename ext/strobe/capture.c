@@ -18,6 +18,17 @@
  * CAS on write_seq, or counts a miss when the ring is full: work is never
  * queued without bound. Slot states (EMPTY -> WRITING -> READY -> DRAINING
  * -> EMPTY) are changed with CAS so an append and a drain never overlap.
+ *
+ * GC: a handler can run on a thread without the GVL (:wall mode samples
+ * blocked threads) while the GVL holder runs GC. Frames read while GC
+ * compacts or frees may be stale, and a slot only becomes visible to GC
+ * marking once READY. So each slot carries the GC count it was captured
+ * under (read before rb_during_gc() was found false; Ruby raises that flag
+ * before it counts a GC, so any GC overlapping the capture counts past it),
+ * and marking moves that epoch forward for every slot it pins. The drain
+ * keeps a slot only if every GC since its capture pinned it, or the one GC
+ * under way has not reached Strobe's mark function yet (it will then mark
+ * the interned frames instead); any other slot is counted missed.
  */
 #include "strobe.h"
 #include <string.h>
@@ -26,6 +37,7 @@
 static strobe_slot_t ring[STROBE_RING_SLOTS];
 static _Atomic uint64_t write_seq; /* next sequence a producer reserves */
 static _Atomic uint64_t read_seq;  /* next sequence the drain consumes */
+static size_t marked_epoch;        /* GC count at the latest strobe_capture_mark */
 
 /* GVL held, nothing sampling: forget everything in the ring. */
 void
@@ -35,6 +47,7 @@ strobe_capture_reset(void)
         atomic_store(&ring[i].state, STROBE_SLOT_EMPTY);
     atomic_store(&write_seq, 0);
     atomic_store(&read_seq, 0);
+    marked_epoch = 0;
 }
 
 static int
@@ -82,7 +95,7 @@ strobe_capture_drained(int64_t seq)
 }
 
 int
-strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us, int *unchanged)
+strobe_capture(strobe_thread_t *t, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged)
 {
     if (gc_kind == STROBE_FRAME_RUBY) {
         int depth = rb_profile_frames(0, STROBE_MAX_DEPTH, t->scratch_frames, t->scratch_lines);
@@ -115,6 +128,7 @@ strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us, int *unchanged)
     slot->thread = t->index;
     slot->n_times = 1;
     slot->times[0] = now_us;
+    slot->gc_epoch = gc_epoch;
     memcpy(slot->frames, t->scratch_frames, sizeof(VALUE) * (size_t)slot->depth);
     memcpy(slot->lines, t->scratch_lines, sizeof(int) * (size_t)slot->depth);
     t->last_seq = (int64_t)seq;
@@ -131,11 +145,20 @@ strobe_capture_drain(strobe_slot_fn fn)
         strobe_slot_t *slot = &ring[seq % STROBE_RING_SLOTS];
         int expected = STROBE_SLOT_READY;
         /* A producer is still writing or appending (possibly a handler that
-         * interrupted us): leave it for the next drain. */
-        if (slot->seq != seq ||
-            !atomic_compare_exchange_strong(&slot->state, &expected, STROBE_SLOT_DRAINING))
+         * interrupted us): leave it for the next drain. Its seq is only
+         * stable once the slot is READY, so it is read after the CAS. */
+        if (!atomic_compare_exchange_strong(&slot->state, &expected, STROBE_SLOT_DRAINING))
             return;
-        fn(slot);
+        if (slot->seq != seq) {
+            atomic_store_explicit(&slot->state, STROBE_SLOT_READY, memory_order_release);
+            return;
+        }
+        size_t now = rb_gc_count();
+        if (slot->depth == 0 || slot->gc_epoch == now ||
+            (slot->gc_epoch + 1 == now && marked_epoch != now))
+            fn(slot);
+        else
+            strobe_profile_add_missed(slot->n_times); /* a GC may have moved its frames */
         atomic_store_explicit(&slot->state, STROBE_SLOT_EMPTY, memory_order_release);
         atomic_store_explicit(&read_seq, seq + 1, memory_order_release);
     }
@@ -158,11 +181,18 @@ strobe_capture_abandon(void)
 void
 strobe_capture_mark(void)
 {
+    size_t now = rb_gc_count();
     uint64_t end = atomic_load(&write_seq);
     for (uint64_t seq = atomic_load(&read_seq); seq < end; seq++) {
         strobe_slot_t *slot = &ring[seq % STROBE_RING_SLOTS];
-        if (atomic_load(&slot->state) != STROBE_SLOT_READY || slot->seq != seq) continue;
+        if (atomic_load_explicit(&slot->state, memory_order_acquire) != STROBE_SLOT_READY ||
+            slot->seq != seq)
+            continue;
+        /* A slot an earlier GC did not pin is dropped by the drain anyway. */
+        if (slot->gc_epoch != now && slot->gc_epoch + 1 != now) continue;
         for (int i = 0; i < slot->depth; i++)
             rb_gc_mark(slot->frames[i]);
+        slot->gc_epoch = now;
     }
+    marked_epoch = now;
 }

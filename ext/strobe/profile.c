@@ -71,15 +71,6 @@ strobe_profile_unlock(void)
     pthread_mutex_unlock(&profile_lock);
 }
 
-/* A forked child has only the forking thread: a lock the timer thread held
- * at the fork would never be released. */
-void
-strobe_profile_after_fork(void)
-{
-    pthread_mutex_init(&profile_lock, NULL);
-}
-
-
 void
 strobe_profile_add_missed(uint64_t n)
 {
@@ -184,30 +175,37 @@ ensure_node_counts(strobe_profile_t *p)
 }
 
 static void
-log_sample_in_new_chunk(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
+log_new_chunk(strobe_profile_t *p, int64_t base_us)
 {
     strobe_chunk_t *fresh = malloc(sizeof(strobe_chunk_t));
     if (!fresh) strobe_out_of_memory();
     fresh->next = NULL;
-    fresh->base_us = time_us;
-    fresh->len = 1;
-    fresh->samples[0] = (strobe_sample_t){ node, 0, thread, 0 };
+    fresh->base_us = base_us;
+    fresh->len = 0;
     if (p->last_chunk) p->last_chunk->next = fresh; else p->first_chunk = fresh;
     p->last_chunk = fresh;
 }
 
-/* Inline: the common case is one store into the current chunk. */
+/* Makes room in the log for n samples timed first_us..last_us (in that
+ * order) before anything is counted, so running out of memory leaves the
+ * counts and the log in agreement. Inline: the common case is a check. */
 static inline void
-log_sample(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
+log_reserve(strobe_profile_t *p, int64_t first_us, int64_t last_us, uint32_t n)
+{
+    const strobe_chunk_t *c = p->last_chunk;
+    /* Unsigned: a time before the chunk's base wraps and also starts a chunk. */
+    if (c && c->len + n <= STROBE_CHUNK_SAMPLES &&
+        (uint64_t)(first_us - c->base_us) <= UINT32_MAX && (uint64_t)(last_us - c->base_us) <= UINT32_MAX)
+        return;
+    log_new_chunk(p, first_us);
+}
+
+/* After log_reserve(): one store. */
+static inline void
+log_store(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
 {
     strobe_chunk_t *c = p->last_chunk;
-    /* Unsigned: a time before the chunk's base wraps and also starts a chunk. */
-    uint64_t offset = c ? (uint64_t)(time_us - c->base_us) : UINT64_MAX;
-    if (offset > UINT32_MAX || c->len == STROBE_CHUNK_SAMPLES) {
-        log_sample_in_new_chunk(p, node, time_us, thread);
-        return;
-    }
-    c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)offset, thread, 0 };
+    c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)(time_us - c->base_us), thread, 0 };
 }
 
 /* Interns a Ruby stack (innermost first, as captured) and returns its leaf
@@ -225,6 +223,8 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
     int k = 1;
     while (k <= limit && pf[-k] == f[-k] && pl[-k] == l[-k])
         k++;
+    /* Only the common part stays valid if interning runs out of memory. */
+    p->prev_depth = k - 1;
 
     uint32_t node = k > 1 ? path[1 - k] : 0;
     for (; k <= depth; k++) {
@@ -256,18 +256,22 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
     strobe_profile_t *p = &strobe_profile;
     if (!p->active) return;
 
+    /* Everything that can run out of memory comes before anything is
+     * counted (an interned node or a thread with no samples is harmless). */
     uint32_t node = gc_kind == STROBE_FRAME_RUBY ? intern_stack(p, frames, lines, depth)
                                                  : intern_gc(p, gc_kind);
     if (node >= p->node_self_capa) ensure_node_counts(p);
-
     int thread = profile_thread(p, t);
+    if (p->raw) {
+        log_reserve(p, times[0], times[n - 1], n);
+        for (uint32_t i = 0; i < n; i++) log_store(p, node, times[i], (uint16_t)thread);
+    }
+
     p->threads[thread].last_node = gc_kind == STROBE_FRAME_RUBY ? node : 0;
     p->node_self[node] += n;
     p->samples += n;
     if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
     p->threads[thread].samples += n;
-    if (p->raw)
-        for (uint32_t i = 0; i < n; i++) log_sample(p, node, times[i], (uint16_t)thread);
 }
 
 void
@@ -285,10 +289,13 @@ strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us)
     int thread = t->profile_index;
     uint32_t node = p->threads[thread].last_node;
     if (!node) return 0;
+    if (p->raw) {
+        log_reserve(p, time_us, time_us, 1);
+        log_store(p, node, time_us, (uint16_t)thread);
+    }
     p->node_self[node]++;
     p->samples++;
     p->threads[thread].samples++;
-    if (p->raw) log_sample(p, node, time_us, (uint16_t)thread);
     return 1;
 }
 

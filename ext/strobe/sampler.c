@@ -108,13 +108,21 @@ static void
 register_running_threads(void)
 {
     VALUE list = NIL_P(S.only) ? rb_funcall(rb_cThread, rb_intern("list"), 0) : S.only;
+    VALUE current = rb_thread_current();
     ID native_thread_id = rb_intern("native_thread_id");
     for (long i = 0; i < RARRAY_LEN(list); i++) {
         VALUE thread = RARRAY_AREF(list, i);
         if (!RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) continue;
-        VALUE tid = rb_funcall(thread, native_thread_id, 0);
-        if (NIL_P(tid)) continue;
-        if (!strobe_threads_add((pid_t)NUM2INT(tid), thread)) S.unsampled_threads++;
+        pid_t tid;
+        if (thread == current) {
+            /* Ruby 3.1 keeps reporting the parent's tid in a forked child. */
+            tid = strobe_gettid();
+        } else {
+            VALUE id = rb_funcall(thread, native_thread_id, 0);
+            if (NIL_P(id)) continue;
+            tid = (pid_t)NUM2INT(id);
+        }
+        if (!strobe_threads_add(tid, thread)) S.unsampled_threads++;
     }
 }
 
@@ -167,12 +175,18 @@ static int
 sample_thread(strobe_thread_t *t, int *unchanged)
 {
     int gc_kind = STROBE_FRAME_RUBY;
+    /* The GC count before the during-GC flag: Ruby raises the flag before
+     * it counts a GC, so with the flag clear afterwards every GC in the
+     * count has finished and any GC overlapping the capture counts past it
+     * (capture.c relies on this). */
+    size_t gc_epoch = rb_gc_count();
+    atomic_thread_fence(memory_order_acquire);
     if (rb_during_gc()) {
         /* Frames cannot be read safely while GC moves objects. */
         if (strobe_profile.ignore_gc) return -1;
         gc_kind = gc_kind_now();
     }
-    return strobe_capture(t, gc_kind, strobe_now_us(), unchanged);
+    return strobe_capture(t, gc_kind, gc_epoch, strobe_now_us(), unchanged);
 }
 
 /* The calling thread's CPU time; async-signal-safe. */
@@ -224,20 +238,22 @@ out:
 
 struct repeats {
     strobe_thread_t **threads;
-    int len;
+    int len;                 /* idle threads */
+    int done;                /* of which handled so far */
+    int unrepeated;          /* with nothing to repeat, moved to the front */
     int64_t time_us;
 };
 
-/* Under the profile lock: a repeat sample for each idle thread; the threads
- * with nothing to repeat are left at the front of the array (len). */
+/* Under the profile lock: a repeat sample for each idle thread. Progress is
+ * kept in r, so an allocation failure part way leaves it exact. */
 static void
 record_repeats(void *arg)
 {
     struct repeats *r = arg;
-    int keep = 0;
-    for (int i = 0; i < r->len; i++)
-        if (!strobe_profile_record_repeat(r->threads[i], r->time_us)) r->threads[keep++] = r->threads[i];
-    r->len = keep;
+    for (; r->done < r->len; r->done++) {
+        strobe_thread_t *t = r->threads[r->done];
+        if (!strobe_profile_record_repeat(t, r->time_us)) r->threads[r->unrepeated++] = t;
+    }
 }
 
 static int64_t
@@ -277,6 +293,8 @@ timer_main(void *arg)
         }
         if (S.timer_stop) break;
 
+        /* No entry changes owner during the tick. */
+        strobe_threads_lock();
         /* Record what the handlers captured since the last tick. Off the
          * GVL, so it goes on whether or not any Ruby thread is running. */
         strobe_profile_locked(drain, NULL);
@@ -285,9 +303,7 @@ timer_main(void *arg)
         int64_t now_us = strobe_now_us();
         for (int i = 0; i < n; i++) {
             strobe_thread_t *t = strobe_threads_at(i);
-            int state = atomic_load_explicit(&t->state, memory_order_acquire);
-            if (state == STROBE_THREAD_DEAD) strobe_threads_reclaim(t);
-            if (state != STROBE_THREAD_LIVE) continue;
+            if (atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
             live++;
             int64_t cpu = clock_ns(t->cpu_clock);
             if (cpu < 0) continue; /* thread is gone */
@@ -317,15 +333,19 @@ timer_main(void *arg)
             send_signal(t);
         }
         if (idle_len) {
-            struct repeats r = { idle_threads, idle_len, now_us };
-            strobe_profile_locked(record_repeats, &r);
-            for (int i = 0; i < r.len; i++) { /* nothing to repeat yet */
+            struct repeats r = { idle_threads, idle_len, 0, 0, now_us };
+            if (strobe_profile_locked(record_repeats, &r) < 0) {
+                /* Out of memory at threads[done]: it and the rest are lost. */
+                strobe_profile_add_missed((uint64_t)(r.len - r.done));
+            }
+            for (int i = 0; i < r.unrepeated; i++) { /* nothing to repeat yet */
                 strobe_thread_t *t = r.threads[i];
                 t->sent = atomic_load(&t->handled) + 1;
                 t->pending_ticks = 0;
                 send_signal(t);
             }
         }
+        strobe_threads_unlock();
         /* Late by more than an interval (machine busy): do not burst, but
          * in wall mode every tick skipped is a sample owed, so count it as
          * missed rather than let the rate drop silently. (In CPU mode the
@@ -541,8 +561,10 @@ strobe_sampler_sample_now(void)
     if (taken == 1) {
         int64_t now = strobe_now_us();
         if (!timed) {
-            strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, 1);
+            /* Nothing else captures on this thread in these modes; the guard
+             * is let go first because running out of memory raises here. */
             atomic_store(&t->in_handler, 0);
+            strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, 1);
             return 1;
         }
         t->scratch_depth = depth;
@@ -568,16 +590,35 @@ strobe_sampler_mark(void)
     rb_gc_mark(S.newobj_hook);
 }
 
-/* In a forked child only the forking thread exists: no timer thread, and
- * the registered threads are the parent's. Profiling stops here; the parent
- * carries on untouched. */
+/* fork() copies memory as it is at that instant. Taking the registry and
+ * profile locks first means the timer thread is not half way through a tick
+ * or a drain, so the child's profile is consistent. */
+static void
+atfork_prepare(void)
+{
+    strobe_threads_lock();
+    strobe_profile_lock();
+}
+
+static void
+atfork_parent(void)
+{
+    strobe_profile_unlock();
+    strobe_threads_unlock();
+}
+
+/* In a forked child only the forking thread exists: no timer thread, the
+ * registered threads are the parent's, and ring slots other threads were
+ * writing will never complete. Profiling stops here, keeping what was
+ * recorded before the fork; the parent carries on untouched. */
 static void
 atfork_child(void)
 {
-    strobe_profile_after_fork();
+    atfork_parent(); /* this thread took both locks; it is the one left */
+    strobe_threads_reset();
     atomic_store(&S.running, 0);
     S.timer_started = 0;
-    strobe_threads_reset();
+    strobe_capture_reset();
 }
 
 /* The VM is going away: no handler may touch it any more. */
@@ -604,5 +645,5 @@ strobe_sampler_init(void)
     S.only = Qnil;
     atomic_store(&S.vm_alive, 1);
     ruby_vm_at_exit(vm_at_exit);
-    pthread_atfork(NULL, NULL, atfork_child);
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

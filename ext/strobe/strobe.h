@@ -66,6 +66,8 @@ typedef struct {
     uint8_t gc_kind;         /* strobe_frame_kind_t: RUBY, or the GC phase */
     uint16_t thread;         /* index into the thread registry */
     uint32_t n_times;        /* samples of this same stack, one time each */
+    size_t gc_epoch;         /* see capture.c: the GC count its frames are
+                              * known valid through */
     int64_t times[STROBE_SLOT_TIMES]; /* CLOCK_MONOTONIC microseconds */
     VALUE frames[STROBE_MAX_DEPTH];   /* innermost first, as rb_profile_frames */
     int lines[STROBE_MAX_DEPTH];
@@ -101,10 +103,11 @@ typedef struct {
 
 void strobe_capture_reset(void);
 /* Async-signal-safe: capture the current thread's stack (or a GC sample)
- * into the ring. Returns 1 when the sample was taken, 0 when missed. With
+ * into the ring. gc_epoch is rb_gc_count() read before rb_during_gc() was
+ * found false. Returns 1 when the sample was taken, 0 when missed. With
  * unchanged non-NULL, sets it to whether this Ruby stack equals the thread's
  * previous capture. */
-int strobe_capture(strobe_thread_t *t, int gc_kind, int64_t now_us, int *unchanged);
+int strobe_capture(strobe_thread_t *t, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged);
 /* Whether the slot of sequence seq has been drained (any thread). */
 int strobe_capture_drained(int64_t seq);
 /* GVL held: hand every completed slot to fn, oldest first. */
@@ -112,7 +115,8 @@ typedef void (*strobe_slot_fn)(const strobe_slot_t *slot);
 void strobe_capture_drain(strobe_slot_fn fn);
 /* The drain ran out of memory on the slot it holds: drop it, count it missed. */
 void strobe_capture_abandon(void);
-/* GVL held, during GC marking: pin frames of slots not yet drained. */
+/* Under the profile lock, during GC marking: pin frames of slots not yet
+ * drained. */
 void strobe_capture_mark(void);
 /* Async-signal-safe: CLOCK_MONOTONIC in microseconds. */
 static inline int64_t
@@ -133,8 +137,9 @@ strobe_thread_t *strobe_threads_find(pid_t tid);
 /* Async-signal-safe: the calling thread's LIVE entry, or NULL. */
 strobe_thread_t *strobe_threads_self(void);
 void strobe_threads_end(strobe_thread_t *t);
-/* Timer thread: free a DEAD entry whose kernel thread is gone. */
-void strobe_threads_reclaim(strobe_thread_t *t);
+/* Held by the timer thread for a tick, and by strobe_threads_add(). */
+void strobe_threads_lock(void);
+void strobe_threads_unlock(void);
 int strobe_threads_len(void);
 strobe_thread_t *strobe_threads_at(int index);
 int strobe_threads_live(void);
@@ -257,7 +262,6 @@ void strobe_out_of_memory(void);
 int strobe_profile_locked(void (*fn)(void *), void *arg);
 void strobe_profile_lock(void);
 void strobe_profile_unlock(void);
-void strobe_profile_after_fork(void);
 void strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, int ignore_gc);
 void strobe_profile_clear(void);
 int strobe_profile_thread_index(pid_t tid, VALUE thread);

@@ -2,26 +2,29 @@
  * threads.c - the registry of threads the sampler targets.
  *
  * A fixed array of STROBE_MAX_THREADS entries that never moves, so a handler
- * can hold a pointer to its entry. Each entry is FREE, LIVE or DEAD:
- *   - strobe_threads_add() (GVL held) claims a FREE entry, fills it and
+ * can hold a pointer to its entry. Each entry is FREE, CLAIMED, LIVE or DEAD:
+ *   - strobe_threads_add() (GVL held) claims an entry, fills it and
  *     publishes it LIVE with a release store;
- *   - strobe_threads_end() (GVL held, on a thread that is finishing) makes it
- *     DEAD: the timer stops signalling it;
- *   - strobe_threads_reclaim() (timer thread) frees a DEAD entry once its
- *     kernel thread is gone, so no handler can still be running on it, and a
- *     later thread can reuse the entry; a DEAD entry whose kernel thread now
- *     runs a new Ruby Thread (Ruby caches native threads) goes straight to
- *     that Thread. Short-lived threads therefore cost entries only while
- *     they run.
+ *   - strobe_threads_end() (GVL held, on the thread that is finishing) makes
+ *     it DEAD: the timer stops signalling it, and its own handler, which
+ *     can only run between that thread's instructions, no longer finds it;
+ *   - an entry is reused only once every sample it captured has been
+ *     drained (so no sample is charged to the next owner), and either by the
+ *     same kernel thread (Ruby keeps native threads cached and runs the next
+ *     Thread on them) or after that kernel thread is gone (so no stale
+ *     thread-local pointer can still name it). Short-lived threads therefore
+ *     cost entries only while they run.
  * strobe_threads_reset() (GVL held, nothing sampling) frees everything and
  * bumps a generation number.
+ *
+ * Locking: the registry lock orders the timer thread's scan (it holds it
+ * for a whole tick) against strobe_threads_add(), which rewrites an entry's
+ * fields; lock order is registry, then profile. Handlers take no lock.
  *
  * Signal safety: strobe_threads_self() is async-signal-safe. It reads an
  * initial-exec thread-local pointer (a fixed offset from the thread pointer)
  * checked against the generation, and on a miss scans the array for the
- * caller's kernel tid. Everything else runs with the GVL held, except
- * strobe_threads_reclaim() and the reads the timer thread makes of LIVE
- * entries.
+ * caller's kernel tid.
  */
 #include "strobe.h"
 #include <errno.h>
@@ -34,6 +37,7 @@
 static strobe_thread_t entries[STROBE_MAX_THREADS];
 static atomic_int entries_len;      /* entries[0, len) have ever been used */
 static atomic_uint generation;
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static __thread strobe_thread_t *self_entry __attribute__((tls_model("initial-exec")));
 static __thread unsigned self_generation __attribute__((tls_model("initial-exec")));
@@ -52,6 +56,18 @@ static clockid_t
 thread_cpu_clock(pid_t tid)
 {
     return (clockid_t)((~(uint32_t)tid << 3) | 6u);
+}
+
+void
+strobe_threads_lock(void)
+{
+    pthread_mutex_lock(&registry_lock);
+}
+
+void
+strobe_threads_unlock(void)
+{
+    pthread_mutex_unlock(&registry_lock);
 }
 
 void
@@ -91,31 +107,46 @@ strobe_threads_self(void)
     return t;
 }
 
+/* A DEAD entry may be reused: all it captured has been drained, and its
+ * kernel thread is tid (the same native thread running a new Thread) or
+ * gone. */
+static int
+reusable(strobe_thread_t *t, pid_t tid)
+{
+    if (atomic_load(&t->state) != STROBE_THREAD_DEAD || !strobe_capture_drained(t->last_seq)) return 0;
+    if (t->tid == tid) return 1;
+    return syscall(SYS_tgkill, (long)getpid(), (long)t->tid, 0L) != 0 && errno == ESRCH;
+}
+
+static strobe_thread_t *
+claim(pid_t tid)
+{
+    int n = atomic_load(&entries_len);
+    strobe_thread_t *t = NULL;
+    /* The same kernel thread's old entry first, then a new entry, and once
+     * the array is full a DEAD entry whose thread is gone. */
+    for (int i = 0; i < n && !t; i++)
+        if (entries[i].tid == tid && reusable(&entries[i], tid)) t = &entries[i];
+    if (!t && n < STROBE_MAX_THREADS) t = &entries[n];
+    for (int i = 0; i < n && !t; i++)
+        if (reusable(&entries[i], tid)) t = &entries[i];
+    if (t) atomic_store(&t->state, STROBE_THREAD_CLAIMED);
+    return t;
+}
+
 strobe_thread_t *
 strobe_threads_add(pid_t tid, VALUE thread)
 {
     strobe_thread_t *t = strobe_threads_find(tid);
     if (t) return t;
-    int n = atomic_load(&entries_len);
-    /* A kernel thread that ran a Thread which ended now runs another (Ruby
-     * keeps native threads cached): its old entry is free for it. */
-    for (int i = 0; i < n && !t; i++) {
-        int expected = STROBE_THREAD_DEAD;
-        if (entries[i].tid == tid &&
-            atomic_compare_exchange_strong(&entries[i].state, &expected, STROBE_THREAD_CLAIMED))
-            t = &entries[i];
-    }
-    for (int i = 0; i < n && !t; i++) {
-        int expected = STROBE_THREAD_FREE;
-        if (atomic_compare_exchange_strong(&entries[i].state, &expected, STROBE_THREAD_CLAIMED))
-            t = &entries[i];
-    }
+    pthread_mutex_lock(&registry_lock);
+    t = claim(tid);
     if (!t) {
-        if (n == STROBE_MAX_THREADS) return NULL;
-        t = &entries[n];
-        atomic_store(&t->state, STROBE_THREAD_CLAIMED);
+        pthread_mutex_unlock(&registry_lock);
+        return NULL;
     }
-    /* Only the GVL holder adds, so the fields are ours until published. */
+    /* CLAIMED: no handler uses it (they look for LIVE), the timer is kept
+     * off by the lock, and only the GVL holder adds. */
     memset((char *)t + offsetof(strobe_thread_t, tid), 0,
            offsetof(strobe_thread_t, scratch_frames) - offsetof(strobe_thread_t, tid));
     t->tid = tid;
@@ -129,7 +160,9 @@ strobe_threads_add(pid_t tid, VALUE thread)
     if (clock_gettime(t->cpu_clock, &ts) == 0)
         t->cpu_last_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     atomic_store_explicit(&t->state, STROBE_THREAD_LIVE, memory_order_release);
-    if (t == &entries[n]) atomic_store_explicit(&entries_len, n + 1, memory_order_release);
+    if (t->index == atomic_load(&entries_len))
+        atomic_store_explicit(&entries_len, t->index + 1, memory_order_release);
+    pthread_mutex_unlock(&registry_lock);
     return t;
 }
 
@@ -138,15 +171,6 @@ strobe_threads_end(strobe_thread_t *t)
 {
     int expected = STROBE_THREAD_LIVE;
     atomic_compare_exchange_strong(&t->state, &expected, STROBE_THREAD_DEAD);
-}
-
-void
-strobe_threads_reclaim(strobe_thread_t *t)
-{
-    if (atomic_load(&t->state) != STROBE_THREAD_DEAD) return;
-    if (syscall(SYS_tgkill, (long)getpid(), (long)t->tid, 0L) == 0 || errno != ESRCH) return;
-    int expected = STROBE_THREAD_DEAD;
-    atomic_compare_exchange_strong(&t->state, &expected, STROBE_THREAD_FREE);
 }
 
 int
