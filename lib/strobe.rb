@@ -42,7 +42,7 @@ module Strobe
 
       options = Options.new(opts)
       started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                             options.threads_list)
+                             options.threads_list, options.timer)
       return false unless started
 
       # Metadata of several start/stop rounds merges; the last out: wins.

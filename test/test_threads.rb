@@ -119,6 +119,42 @@ class TestThreads < Minitest::Test
     end
   end
 
+  def alternate(seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    i = 0
+    (i += 1).even? ? spin(0.0003) : nap(0.0003) while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+  end
+
+  # timer: :process is stackprof's way (one process-wide timer, the thread
+  # it lands on): the result says which timer sampled it.
+  def test_the_result_says_which_timer_sampled
+    result = Strobe.run(mode: :wall, interval: 1000, timer: :process) { alternate(0.4) }
+    assert_equal :process, result[:timer]
+    # Hundreds of changing stacks: the ring only holds 64, so they were
+    # drained while sampling (by postponed jobs) and none was lost.
+    assert_operator result[:samples], :>, 200
+    assert_equal 0, result[:missed_samples]
+    assert_operator frames_by_name(result).dig("TestThreads#spin", :total_samples).to_i, :>, 0
+
+    assert_equal :threads, Strobe.run(mode: :cpu) { spin(0.05) }[:timer]
+    refute Strobe.run(mode: :custom) { Strobe.sample }.key?(:timer)
+  end
+
+  def test_process_timer_in_cpu_mode_follows_process_cpu_time
+    result = Strobe.run(mode: :cpu, interval: 1000, timer: :process) { spin(0.3) }
+    assert_equal :process, result[:timer]
+    assert_operator result[:samples], :>, 0
+    assert_operator result[:samples], :<=, 330, "one sample per ms of process CPU at most"
+  end
+
+  def test_bad_timer_option
+    [:thread, "process", nil, 1].each do |bad|
+      error = assert_raises(ArgumentError) { Strobe.start(timer: bad) }
+      assert_match(/timer must be :threads or :process/, error.message)
+      refute Strobe.running?
+    end
+  end
+
   def open_fds
     Dir.children("/proc/self/fd").size
   end

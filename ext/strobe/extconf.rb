@@ -15,6 +15,9 @@ end
 
 $LDFLAGS << " -lpthread"
 have_library("rt", "clock_gettime")
+# Ruby 3.3+: a preregistered postponed job is triggered without the table
+# scan of rb_postponed_job_register_one (deprecated there).
+have_func("rb_postponed_job_preregister", "ruby/debug.h")
 
 
 create_makefile("strobe/strobe")

@@ -89,6 +89,7 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->threads_len = 0;
         p->prev_depth = 0;
         p->raw = 0;
+        p->process_timer = 0;
         p->active = 1;
     }
     /* Rounds of start/stop accumulate; the latest settings describe them. */
@@ -262,7 +263,10 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
                                                  : intern_gc(p, gc_kind);
     if (node >= p->node_self_capa) ensure_node_counts(p);
     int thread = profile_thread(p, t);
-    if (p->raw) {
+    if (p->raw && n == 1) { /* the common case, one check the compiler folds */
+        log_reserve(p, times[0], times[0], 1);
+        log_store(p, node, times[0], (uint16_t)thread);
+    } else if (p->raw) {
         log_reserve(p, times[0], times[n - 1], n);
         for (uint32_t i = 0; i < n; i++) log_store(p, node, times[i], (uint16_t)thread);
     }

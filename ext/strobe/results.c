@@ -262,6 +262,8 @@ strobe_results_build(void)
         rb_ary_push(thread_ids, id);
     }
     rb_hash_aset(result, strobe_sym("threads"), threads);
+    if (p->mode == STROBE_MODE_WALL || p->mode == STROBE_MODE_CPU)
+        rb_hash_aset(result, strobe_sym("timer"), strobe_sym(p->process_timer ? "process" : "threads"));
     uint64_t unsampled = strobe_sampler_unsampled_threads();
     if (unsampled) rb_hash_aset(result, strobe_sym("unsampled_threads"), ULL2NUM(unsampled));
 

@@ -39,6 +39,13 @@
  * (default or ignore, both harmless).
  * fork: the child inherits no timer thread; an atfork hook marks it stopped.
  *
+ * Process-wide timer (timer: :process, or when the timer thread cannot be
+ * started): one POSIX timer on the process CPU clock (:cpu) or the monotonic
+ * clock (:wall) sends STROBE_SIGNAL to the process, the kernel picks the
+ * thread (the one running, for CPU time), and the handler triggers a
+ * postponed job that drains the ring with the GVL. This is how stackprof
+ * samples; the result says :process under :timer so it is never silent.
+ *
  * Everything here except the handler and the timer thread's loop is called
  * with the GVL held. Custom and object modes sample the calling thread and
  * record at once (the GVL is held; there is no timer thread).
@@ -66,6 +73,14 @@ static struct {
     pthread_mutex_t timer_lock;
     pthread_cond_t timer_cond;
     int timer_stop;
+
+    /* process-wide timer */
+    int process_timer;       /* this round uses it instead of the timer thread */
+    timer_t ptimer;
+    int ptimer_started;
+#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
+    rb_postponed_job_handle_t job;
+#endif
 
     /* STROBE_SIGNAL disposition before our first start */
     struct sigaction old_action;
@@ -159,6 +174,27 @@ strobe_sampler_flush(void)
     if (strobe_profile_locked(drain, NULL) < 0) rb_memerror();
 }
 
+/* Postponed job (process-wide timer): GVL held, at a safe point. Running
+ * out of memory here only loses the slot (counted missed); raising would
+ * land in whatever Ruby code was interrupted. */
+static void
+drain_job(void *unused)
+{
+    (void)unused;
+    strobe_profile_locked(drain, NULL);
+}
+
+/* Async-signal-safe: Ruby's postponed jobs are made for signal handlers. */
+static void
+trigger_drain(void)
+{
+#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
+    rb_postponed_job_trigger(S.job);
+#else
+    rb_postponed_job_register_one(0, drain_job, NULL);
+#endif
+}
+
 /* GC phase of the running GC, as a frame kind. Signal context: reads VM
  * state only; the symbols were interned at init. */
 static int
@@ -224,6 +260,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         strobe_profile_add_missed(1);
     }
     atomic_store(&t->in_handler, 0);
+    if (S.process_timer) trigger_drain();
 out:
     errno = saved_errno;
 }
@@ -398,6 +435,35 @@ timer_stop(void)
     pthread_mutex_destroy(&S.timer_lock);
 }
 
+/* ---- process-wide timer ---------------------------------------------------------- */
+
+static int
+process_timer_start(void)
+{
+    struct sigevent sev;
+    memset(&sev, 0, sizeof(sev));
+    sev.sigev_notify = SIGEV_SIGNAL;
+    sev.sigev_signo = STROBE_SIGNAL;
+    clockid_t clock = S.mode == STROBE_MODE_CPU ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC;
+    if (timer_create(clock, &sev, &S.ptimer) != 0) return -1;
+    struct timespec every = { (time_t)(S.interval / 1000000), (long)(S.interval % 1000000) * 1000 };
+    struct itimerspec spec = { every, every };
+    if (timer_settime(S.ptimer, 0, &spec, NULL) != 0) {
+        timer_delete(S.ptimer);
+        return -1;
+    }
+    S.ptimer_started = 1;
+    return 0;
+}
+
+static void
+process_timer_stop(void)
+{
+    if (!S.ptimer_started) return;
+    timer_delete(S.ptimer);
+    S.ptimer_started = 0;
+}
+
 /* ---- signal ownership ---------------------------------------------------------- */
 
 static int
@@ -450,7 +516,7 @@ newobj_hook(VALUE tpval, void *data)
 /* ---- public ------------------------------------------------------------------- */
 
 const char *
-strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only)
+strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_timer)
 {
     if (atomic_load(&S.running)) return "already running";
 
@@ -467,11 +533,17 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only)
         const char *err = install_handler();
         if (err) return err;
         atomic_store(&S.running, 1);
-        if (timer_start() != 0) {
+        /* No timer thread (out of threads, say): the process-wide timer.
+         * Set before any signal can arrive; the handler reads it. */
+        S.process_timer = process_timer;
+        if (!process_timer && timer_start() != 0) S.process_timer = 1;
+        if (S.process_timer && process_timer_start() != 0) {
             atomic_store(&S.running, 0);
+            S.process_timer = 0;
             uninstall_handler();
-            return "cannot start the timer thread";
+            return "cannot start a timer (neither a timer thread nor a process timer)";
         }
+        if (S.process_timer) strobe_profile.process_timer = 1;
     } else if (mode == STROBE_MODE_OBJECT) {
         S.allocations = 0;
         if (NIL_P(S.newobj_hook))
@@ -492,6 +564,8 @@ strobe_sampler_stop(void)
     rb_tracepoint_disable(S.thread_hook);
     if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) {
         timer_stop();
+        process_timer_stop();
+        S.process_timer = 0;
         uninstall_handler();
     } else if (S.mode == STROBE_MODE_OBJECT) {
         rb_tracepoint_disable(S.newobj_hook);
@@ -618,6 +692,8 @@ atfork_child(void)
     strobe_threads_reset();
     atomic_store(&S.running, 0);
     S.timer_started = 0;
+    S.ptimer_started = 0; /* POSIX timers are not inherited */
+    S.process_timer = 0;
     strobe_capture_reset();
 }
 
@@ -629,6 +705,7 @@ vm_at_exit(ruby_vm_t *vm)
     atomic_store(&S.vm_alive, 0);
     atomic_store(&S.running, 0);
     timer_stop();
+    process_timer_stop();
 }
 
 void
@@ -644,6 +721,9 @@ strobe_sampler_init(void)
     S.thread_hook = Qnil;
     S.only = Qnil;
     atomic_store(&S.vm_alive, 1);
+#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
+    S.job = rb_postponed_job_preregister(0, drain_job, NULL);
+#endif
     ruby_vm_at_exit(vm_at_exit);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }

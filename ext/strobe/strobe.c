@@ -53,10 +53,12 @@ mode_from_sym(VALUE mode)
     rb_raise(rb_eArgError, "unknown mode: %+"PRIsVALUE, mode);
 }
 
-/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads) -> bool
- * threads: nil for every thread, or an Array of Threads. */
+/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer) -> bool
+ * threads: nil for every thread, or an Array of Threads; timer: :threads
+ * or :process (see sampler.c). */
 static VALUE
-native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads)
+native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
+             VALUE timer)
 {
     if (strobe_sampler_running()) return Qfalse;
     strobe_mode_t m = mode_from_sym(mode);
@@ -75,7 +77,7 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     }
     int fresh = !strobe_profile.active;
     strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
-    const char *err = strobe_sampler_start(m, iv, threads);
+    const char *err = strobe_sampler_start(m, iv, threads, timer == strobe_sym("process"));
     if (err) {
         if (fresh) strobe_profile_clear();
         rb_raise(eStrobeError, "cannot start profiling: %s", err);
@@ -164,7 +166,7 @@ Init_strobe(void)
     strobe_capture_reset();
     strobe_sampler_init();
 
-    rb_define_singleton_method(mNative, "start", native_start, 6);
+    rb_define_singleton_method(mNative, "start", native_start, 7);
     rb_define_singleton_method(mNative, "stop", native_stop, 0);
     rb_define_singleton_method(mNative, "running?", native_running_p, 0);
     rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);

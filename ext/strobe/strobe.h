@@ -237,6 +237,7 @@ typedef struct {
     strobe_mode_t mode;
     long interval;           /* microseconds or allocations; 0 for custom */
     int raw, aggregate, ignore_gc;
+    int process_timer;       /* some round sampled by the process-wide timer */
     strobe_stack_table_t table;
     uint64_t *node_self;     /* samples whose leaf is this node */
     uint32_t node_self_capa;
@@ -285,8 +286,10 @@ size_t strobe_profile_memsize(void);
 
 void strobe_sampler_init(void);
 /* Returns NULL on success, or a message for ArgumentError/RuntimeError. */
-/* only: an Array of the Threads to profile, or Qnil for every thread. */
-const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only);
+/* only: an Array of the Threads to profile, or Qnil for every thread.
+ * process_timer: use one process-wide timer instead of signalling each
+ * thread (also the fallback when the timer thread cannot start). */
+const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_timer);
 void strobe_sampler_stop(void);
 int strobe_sampler_running(void);
 /* Profiled threads not sampled because STROBE_MAX_THREADS were running. */

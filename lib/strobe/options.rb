@@ -8,14 +8,17 @@ module Strobe
   # ArgumentError naming the option, before anything is started.
   class Options
     MODES = %i[wall cpu object custom].freeze
-    KEYS = %i[mode interval raw aggregate ignore_gc metadata out threads].freeze
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out threads timer].freeze
+    # :threads, Strobe's timer thread signalling each thread by its own
+    # clock; :process, one process-wide timer (the thread it lands on).
+    TIMERS = %i[threads process].freeze
     DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1, custom: nil }.freeze
     # Time modes: microseconds in [MIN_TIME_INTERVAL, MAX_TIME_INTERVAL].
     MIN_TIME_INTERVAL = 1
     MAX_TIME_INTERVAL = 1_000_000
     MAX_OBJECT_INTERVAL = 2**31 - 1
 
-    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :threads
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :threads, :timer
 
     def initialize(opts)
       unknown = opts.keys - KEYS
@@ -32,6 +35,7 @@ module Strobe
       @metadata = parse_metadata(opts[:metadata])
       @out = parse_out(opts[:out])
       @threads = parse_threads(opts.fetch(:threads, :all))
+      @timer = parse_timer(opts.fetch(:timer, :threads))
     end
 
     # nil for every thread (:all), or the Array of Threads to profile.
@@ -75,6 +79,12 @@ module Strobe
       end
 
       raise ArgumentError, "threads must be :all or an Array of Thread objects, got #{value.inspect}"
+    end
+
+    def parse_timer(value)
+      return value if TIMERS.include?(value)
+
+      raise ArgumentError, "timer must be #{TIMERS.map(&:inspect).join(' or ')}, got #{value.inspect}"
     end
 
     def parse_metadata(value)
