@@ -18,6 +18,8 @@ end
 # The result is a Hash with the keys and meaning of stackprof 0.2.27's result,
 # plus extensions under new keys (see README, "The result").
 module Strobe
+  # Reports are loaded when first used, so profiling alone loads no more.
+  autoload :Report, File.expand_path("strobe/report", __dir__)
   @metadata = nil
   @out = nil
 

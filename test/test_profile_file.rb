@@ -130,7 +130,7 @@ class TestProfileFile < Minitest::Test
   def test_values_of_the_wrong_type_raise_profile_error
     doc = Strobe::ProfileFile.encode(profile)
     assert_corrupt JSON.generate(doc.merge(gc_samples: [])), /malformed profile/
-    assert_corrupt JSON.generate(doc.merge(threads: [1, 2])), /malformed profile/
+    assert_corrupt JSON.generate(doc.merge(threads: [1, 2])), /a thread is not an object/
     assert_corrupt JSON.generate({ mode: "cpu", samples: 1, frames: { "1": 5 } }), /malformed profile/
   end
 

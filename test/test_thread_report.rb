@@ -88,10 +88,10 @@ class TestThreadReport < Minitest::Test
     huge = result.merge(raw: [0, 2, 0, 2**63 - 1, 0, 2**60])
     assert_raises(Strobe::ProfileError) { Strobe::Report.thread_result(huge, id) }
     assert_raises(Strobe::ProfileError) do
-      Strobe::Native.compact([2**63 - 1, 0], nil, nil, nil, { 0 => 0 }, {}, 0)
+      Strobe::Native.compact([2**63 - 1, 0], nil, nil, nil, nil, { 0 => 0 }, {}, 0)
     end
     assert_raises(Strobe::ProfileError) do
-      Strobe::Native.compact([0, 2**62], nil, [1, 2], nil, {}, {}, 0)
+      Strobe::Native.compact([0, 2**62], nil, [1, 2], nil, nil, {}, {}, 0)
     end
   end
 end

@@ -71,7 +71,10 @@ try_append(strobe_thread_t *t, int64_t now_us)
         return 0;
     int ok = slot->seq == (uint64_t)t->last_seq &&
              slot->n_times < STROBE_SLOT_TIMES && same_stack(slot, t);
-    if (ok) slot->times[slot->n_times++] = now_us;
+    if (ok) {
+        slot->states[slot->n_times] = atomic_load_explicit(&t->gvl_state, memory_order_relaxed);
+        slot->times[slot->n_times++] = now_us;
+    }
     atomic_store_explicit(&slot->state, STROBE_SLOT_READY, memory_order_release);
     return ok;
 }
@@ -128,6 +131,7 @@ strobe_capture(strobe_thread_t *t, int gc_kind, size_t gc_epoch, int64_t now_us,
     slot->thread = t->index;
     slot->n_times = 1;
     slot->times[0] = now_us;
+    slot->states[0] = atomic_load_explicit(&t->gvl_state, memory_order_relaxed);
     slot->gc_epoch = gc_epoch;
     memcpy(slot->frames, t->scratch_frames, sizeof(VALUE) * (size_t)slot->depth);
     memcpy(slot->lines, t->scratch_lines, sizeof(int) * (size_t)slot->depth);

@@ -3,8 +3,8 @@
  *
  * stackprof's raw arrays repeat every frame of a stack for every run of
  * samples; a file instead stores a node table (parent, frame position,
- * line) once, then per sample one node, one thread position and one time
- * delta. Strobe::Native.compact turns a result's raw arrays into that form,
+ * line) once, then per sample one node, one thread position, one time
+ * delta and, where samples carry GVL states, one state number. Strobe::Native.compact turns a result's raw arrays into that form,
  * Strobe::Native.expand turns it back (through strobe_results_raw, the same
  * writer live results use), validating every index so a corrupt file raises
  * Strobe::ProfileError instead of crashing.
@@ -35,7 +35,7 @@ int_at(VALUE ary, long i, const char *what)
 
 typedef struct {
     strobe_stack_table_t table;
-    VALUE raw, raw_lines, timestamps, sample_threads, frame_pos, thread_pos, start_time;
+    VALUE raw, raw_lines, timestamps, sample_threads, sample_states, frame_pos, thread_pos, start_time;
 } compact_args_t;
 
 static VALUE
@@ -100,7 +100,18 @@ compact_body(VALUE arg)
             rb_ary_push(threads, pos);
         }
     }
-    return rb_ary_new_from_args(4, nodes_out, sample_nodes, deltas, threads);
+    VALUE states = rb_ary_new();
+    if (!NIL_P(a->sample_states)) {
+        if (array_len(a->sample_states, "raw_sample_states") != n)
+            CORRUPT("raw_sample_states has %ld entries for %ld samples", RARRAY_LEN(a->sample_states), n);
+        for (long k = 0; k < n; k++) {
+            VALUE sym = RARRAY_AREF(a->sample_states, k);
+            int state = NIL_P(sym) ? STROBE_STATE_UNKNOWN : strobe_state_of(sym);
+            if (state < 0) CORRUPT("raw_sample_states[%ld] is not a thread state", k);
+            rb_ary_push(states, INT2FIX(state));
+        }
+    }
+    return rb_ary_new_from_args(5, nodes_out, sample_nodes, deltas, threads, states);
 }
 
 static VALUE
@@ -111,18 +122,19 @@ compact_free(VALUE arg)
 }
 
 /* Strobe::Native.compact(raw, raw_lines, timestamps, sample_threads,
- *                        frame_pos, thread_pos, start_time)
- * -> [nodes (flat parent, frame, line triples), sample_nodes, deltas, threads]
+ *                        sample_states, frame_pos, thread_pos, start_time)
+ * -> [nodes (flat parent, frame, line triples), sample_nodes, deltas,
+ *     threads, states]
  * frame_pos / thread_pos map a frame id / thread id to its position in the
- * file's frames / threads list; raw_lines, timestamps and sample_threads
- * may be nil. */
+ * file's frames / threads list; raw_lines, timestamps, sample_threads and
+ * sample_states may be nil (their column is then empty). */
 static VALUE
 native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE sample_threads,
-               VALUE frame_pos, VALUE thread_pos, VALUE start_time)
+               VALUE sample_states, VALUE frame_pos, VALUE thread_pos, VALUE start_time)
 {
     compact_args_t a = { .raw = raw, .raw_lines = raw_lines, .timestamps = timestamps,
-                         .sample_threads = sample_threads, .frame_pos = frame_pos,
-                         .thread_pos = thread_pos, .start_time = start_time };
+                         .sample_threads = sample_threads, .sample_states = sample_states,
+                         .frame_pos = frame_pos, .thread_pos = thread_pos, .start_time = start_time };
     strobe_stack_table_init(&a.table);
     return rb_ensure(compact_body, (VALUE)&a, compact_free, (VALUE)&a);
 }
@@ -132,19 +144,20 @@ typedef struct {
     uint32_t *sample_nodes;
     int64_t *times;
     uint16_t *threads;
+    uint8_t *states;
 } expand_buffers_t;
 
 static VALUE
 free_buffers(VALUE arg)
 {
     expand_buffers_t *b = (expand_buffers_t *)arg;
-    free(b->nodes); free(b->sample_nodes); free(b->times); free(b->threads);
+    free(b->nodes); free(b->sample_nodes); free(b->times); free(b->threads); free(b->states);
     return Qnil;
 }
 
 typedef struct {
     expand_buffers_t *b;
-    VALUE result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids;
+    VALUE result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states;
 } expand_args_t;
 
 static VALUE
@@ -176,12 +189,15 @@ expand_body(VALUE arg)
     long threads_len = array_len(a->threads, "sample_threads");
     if (threads_len != n && threads_len != 0) CORRUPT("sample_threads has %ld entries for %ld samples", threads_len, n);
     long thread_count = array_len(a->thread_ids, "threads");
+    long states_len = array_len(a->states, "sample_states");
+    if (states_len != n && states_len != 0) CORRUPT("sample_states has %ld entries for %ld samples", states_len, n);
     if (n > (long)UINT32_MAX) CORRUPT("too many samples");
 
     b->sample_nodes = malloc(sizeof(uint32_t) * (size_t)(n ? n : 1));
     b->times = malloc(sizeof(int64_t) * (size_t)(n ? n : 1));
     b->threads = calloc((size_t)(n ? n : 1), sizeof(uint16_t));
-    if (!b->sample_nodes || !b->times || !b->threads) rb_memerror();
+    b->states = calloc((size_t)(n ? n : 1), 1);
+    if (!b->sample_nodes || !b->times || !b->threads || !b->states) rb_memerror();
     int64_t start = NUM2LL(a->start_time), t = start;
     for (long k = 0; k < n; k++) {
         long node = int_at(a->samples, k, "samples");
@@ -196,30 +212,37 @@ expand_body(VALUE arg)
             if (th < 0 || th >= thread_count || th > UINT16_MAX) CORRUPT("sample %ld refers to thread %ld of %ld", k, th, thread_count);
             b->threads[k] = (uint16_t)th;
         }
+        if (states_len) {
+            long state = int_at(a->states, k, "sample_states");
+            if (state < 0 || state >= STROBE_STATES) CORRUPT("sample %ld has state %ld", k, state);
+            b->states[k] = (uint8_t)state;
+        }
     }
     strobe_results_raw(a->result, b->nodes, (uint32_t)n, b->sample_nodes, deltas_len ? b->times : NULL,
-                       a->thread_ids, threads_len ? b->threads : NULL, start, a->frame_ids);
+                       a->thread_ids, threads_len ? b->threads : NULL, states_len ? b->states : NULL,
+                       start, a->frame_ids);
     return a->result;
 }
 
 /* Strobe::Native.expand(result, nodes, frame_ids, samples, deltas,
- *                       start_time, sample_threads, thread_ids)
- * Sets raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas and
- * raw_sample_threads on result. */
+ *                       start_time, sample_threads, thread_ids, sample_states)
+ * Sets raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas,
+ * raw_sample_threads and raw_sample_states on result (each per-sample
+ * column may be empty: its key is then left out). */
 static VALUE
 native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samples, VALUE deltas,
-              VALUE start_time, VALUE threads, VALUE thread_ids)
+              VALUE start_time, VALUE threads, VALUE thread_ids, VALUE states)
 {
     Check_Type(result, T_HASH);
     if (!RB_INTEGER_TYPE_P(start_time)) CORRUPT("start_time is not an integer");
-    expand_buffers_t b = { NULL, NULL, NULL, NULL };
-    expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids };
+    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL };
+    expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states };
     return rb_ensure(expand_body, (VALUE)&a, free_buffers, (VALUE)&b);
 }
 
 void
 strobe_compact_define(VALUE mNative)
 {
-    rb_define_singleton_method(mNative, "compact", native_compact, 7);
-    rb_define_singleton_method(mNative, "expand", native_expand, 8);
+    rb_define_singleton_method(mNative, "compact", native_compact, 8);
+    rb_define_singleton_method(mNative, "expand", native_expand, 9);
 }

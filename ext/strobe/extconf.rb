@@ -18,6 +18,9 @@ have_library("rt", "clock_gettime")
 # Ruby 3.3+: a preregistered postponed job is triggered without the table
 # scan of rb_postponed_job_register_one (deprecated there).
 have_func("rb_postponed_job_preregister", "ruby/debug.h")
+# Ruby 3.2+: GVL events (waiting for the GVL, holding it, released it), so
+# samples can say what their thread was doing.
+have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
 
 
 create_makefile("strobe/strobe")

@@ -90,6 +90,7 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->prev_depth = 0;
         p->raw = 0;
         p->process_timer = 0;
+        p->track_states = 0;
         p->active = 1;
     }
     /* Rounds of start/stop accumulate; the latest settings describe them. */
@@ -133,7 +134,7 @@ strobe_profile_thread_index(pid_t tid, VALUE thread)
         p->threads = threads;
         p->threads_capa = capa;
     }
-    p->threads[p->threads_len] = (strobe_profile_thread_t){ tid, thread, Qnil, 0, 0 };
+    p->threads[p->threads_len] = (strobe_profile_thread_t){ .tid = tid, .thread = thread, .name = Qnil };
     return p->threads_len++;
 }
 
@@ -203,10 +204,10 @@ log_reserve(strobe_profile_t *p, int64_t first_us, int64_t last_us, uint32_t n)
 
 /* After log_reserve(): one store. */
 static inline void
-log_store(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread)
+log_store(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread, uint16_t state)
 {
     strobe_chunk_t *c = p->last_chunk;
-    c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)(time_us - c->base_us), thread, 0 };
+    c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)(time_us - c->base_us), thread, state };
 }
 
 /* Interns a Ruby stack (innermost first, as captured) and returns its leaf
@@ -252,7 +253,7 @@ intern_gc(strobe_profile_t *p, int kind)
 
 void
 strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, const int *lines,
-                      int depth, const int64_t *times, uint32_t n)
+                      int depth, const int64_t *times, const uint8_t *states, uint32_t n)
 {
     strobe_profile_t *p = &strobe_profile;
     if (!p->active) return;
@@ -265,10 +266,10 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
     int thread = profile_thread(p, t);
     if (p->raw && n == 1) { /* the common case, one check the compiler folds */
         log_reserve(p, times[0], times[0], 1);
-        log_store(p, node, times[0], (uint16_t)thread);
+        log_store(p, node, times[0], (uint16_t)thread, states[0]);
     } else if (p->raw) {
         log_reserve(p, times[0], times[n - 1], n);
-        for (uint32_t i = 0; i < n; i++) log_store(p, node, times[i], (uint16_t)thread);
+        for (uint32_t i = 0; i < n; i++) log_store(p, node, times[i], (uint16_t)thread, states[i]);
     }
 
     p->threads[thread].last_node = gc_kind == STROBE_FRAME_RUBY ? node : 0;
@@ -276,17 +277,18 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
     p->samples += n;
     if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
     p->threads[thread].samples += n;
+    for (uint32_t i = 0; i < n; i++) p->threads[thread].states[states[i] & (STROBE_STATES - 1)]++;
 }
 
 void
 strobe_profile_record_slot(const strobe_slot_t *slot)
 {
     strobe_profile_record(strobe_threads_at(slot->thread), slot->gc_kind, slot->frames,
-                          slot->lines, slot->depth, slot->times, slot->n_times);
+                          slot->lines, slot->depth, slot->times, slot->states, slot->n_times);
 }
 
 int
-strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us)
+strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us, int state)
 {
     strobe_profile_t *p = &strobe_profile;
     if (!p->active || t->profile_index < 0 || t->profile_index >= p->threads_len) return 0;
@@ -295,11 +297,12 @@ strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us)
     if (!node) return 0;
     if (p->raw) {
         log_reserve(p, time_us, time_us, 1);
-        log_store(p, node, time_us, (uint16_t)thread);
+        log_store(p, node, time_us, (uint16_t)thread, (uint16_t)state);
     }
     p->node_self[node]++;
     p->samples++;
     p->threads[thread].samples++;
+    p->threads[thread].states[state & (STROBE_STATES - 1)]++;
     return 1;
 }
 

@@ -36,6 +36,26 @@ static const char *const mode_names[] = {
     [STROBE_MODE_CUSTOM] = "custom",
 };
 
+static const char *const state_names[STROBE_STATES] = {
+    [STROBE_STATE_RUNNING] = "running",
+    [STROBE_STATE_WAITING] = "waiting",
+    [STROBE_STATE_BLOCKED] = "blocked",
+};
+
+VALUE
+strobe_state_sym(int state)
+{
+    return state > 0 && state < STROBE_STATES ? strobe_sym(state_names[state]) : Qnil;
+}
+
+int
+strobe_state_of(VALUE sym)
+{
+    for (int s = 1; s < STROBE_STATES; s++)
+        if (sym == strobe_sym(state_names[s])) return s;
+    return -1;
+}
+
 /* Adds n to hash[key], an Integer. */
 static void
 hash_add(VALUE hash, VALUE key, uint64_t n)
@@ -148,16 +168,21 @@ raw_emit(strobe_raw_writer_t *w, const strobe_node_t *nodes, uint32_t node, uint
     rb_ary_push(w->raw_lines, ULL2NUM(count));
 }
 
-/* Sets the raw keys on result from parallel per-sample arrays; times and
- * sample_threads may be NULL (a profile without them gets no such keys). */
+/* Sets the raw keys on result from parallel per-sample arrays; times,
+ * sample_threads and sample_states may be NULL (a profile without them gets
+ * no such keys). */
 void
 strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
                    const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
-                   const uint16_t *sample_threads, int64_t start_us, VALUE frame_ids)
+                   const uint16_t *sample_threads, const uint8_t *sample_states,
+                   int64_t start_us, VALUE frame_ids)
 {
     strobe_raw_writer_t w = { rb_ary_new(), rb_ary_new(), NULL, 0 };
     VALUE stamps = rb_ary_new_capa(count), deltas = rb_ary_new_capa(count);
     VALUE threads = rb_ary_new_capa(count);
+    VALUE states = sample_states ? rb_ary_new_capa(count) : Qnil;
+    VALUE state_syms[STROBE_STATES];
+    for (int s = 0; s < STROBE_STATES; s++) state_syms[s] = strobe_state_sym(s);
     int64_t prev = start_us;
     uint32_t run_node = 0;
     uint64_t run = 0;
@@ -174,6 +199,7 @@ strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
             prev = times[i];
         }
         if (sample_threads) rb_ary_push(threads, RARRAY_AREF(thread_ids, sample_threads[i]));
+        if (sample_states) rb_ary_push(states, state_syms[sample_states[i] & (STROBE_STATES - 1)]);
     }
     if (run) raw_emit(&w, nodes, run_node, run, frame_ids);
     free(w.path);
@@ -184,6 +210,16 @@ strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
         rb_hash_aset(result, strobe_sym("raw_timestamp_deltas"), deltas);
     }
     if (sample_threads) rb_hash_aset(result, strobe_sym("raw_sample_threads"), threads);
+    if (sample_states) rb_hash_aset(result, strobe_sym("raw_sample_states"), states);
+}
+
+/* {running: n, waiting: n, blocked: n} (samples of unknown state left out). */
+VALUE
+strobe_results_states(const uint64_t *counts)
+{
+    VALUE h = rb_hash_new();
+    for (int s = 1; s < STROBE_STATES; s++) rb_hash_aset(h, strobe_state_sym(s), ULL2NUM(counts[s]));
+    return h;
 }
 
 static VALUE
@@ -259,6 +295,12 @@ strobe_results_build(void)
             rb_hash_aset(threads, id, info);
         }
         hash_add(info, sym_samples, p->threads[i].samples);
+        if (p->track_states) {
+            VALUE states = rb_hash_lookup2(info, strobe_sym("states"), Qundef);
+            if (states == Qundef) rb_hash_aset(info, strobe_sym("states"), strobe_results_states(p->threads[i].states));
+            else
+                for (int s = 1; s < STROBE_STATES; s++) hash_add(states, strobe_state_sym(s), p->threads[i].states[s]);
+        }
         rb_ary_push(thread_ids, id);
     }
     rb_hash_aset(result, strobe_sym("threads"), threads);
@@ -273,16 +315,19 @@ strobe_results_build(void)
         uint32_t *nodes = malloc(count * sizeof(uint32_t));
         int64_t *times = malloc(count * sizeof(int64_t));
         uint16_t *ths = malloc(count * sizeof(uint16_t));
-        if (!nodes || !times || !ths) { free(nodes); free(times); free(ths); rb_memerror(); }
+        uint8_t *states = malloc(count ? count : 1);
+        if (!nodes || !times || !ths || !states) { free(nodes); free(times); free(ths); free(states); rb_memerror(); }
         size_t i = 0;
         for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next)
             for (uint32_t k = 0; k < c->len; k++, i++) {
                 nodes[i] = c->samples[k].node;
                 times[i] = c->base_us + c->samples[k].time_offset;
                 ths[i] = c->samples[k].thread;
+                states[i] = (uint8_t)c->samples[k].flags;
             }
-        strobe_results_raw(result, st->nodes, (uint32_t)count, nodes, times, thread_ids, ths, p->start_us, frame_ids);
-        free(nodes); free(times); free(ths);
+        strobe_results_raw(result, st->nodes, (uint32_t)count, nodes, times, thread_ids, ths,
+                           p->track_states ? states : NULL, p->start_us, frame_ids);
+        free(nodes); free(times); free(ths); free(states);
     }
     return result;
 }

@@ -46,8 +46,15 @@
  * postponed job that drains the ring with the GVL. This is how stackprof
  * samples; the result says :process under :timer so it is never silent.
  *
- * Everything here except the handler and the timer thread's loop is called
- * with the GVL held. Custom and object modes sample the calling thread and
+ * GVL states (Ruby 3.2+, where extconf.rb finds rb_internal_thread_add_event_hook):
+ * a hook on the GVL events (READY: waiting for it, RESUMED: holding it,
+ * SUSPENDED: released it to block) keeps each registered thread's state,
+ * which every time-mode sample records. The hook runs on the thread itself,
+ * mostly without the GVL, and only stores a byte into the thread's entry.
+ * Without the hook samples carry no state and the result has no state keys.
+ *
+ * Everything here except the handler, the GVL hook and the timer thread's
+ * loop is called with the GVL held. Custom and object modes sample the calling thread and
  * record at once (the GVL is held; there is no timer thread).
  */
 #include "strobe.h"
@@ -57,6 +64,7 @@
 #include <unistd.h>
 #include <sys/syscall.h>
 #include <ruby/vm.h>
+#include <ruby/thread.h>
 
 static struct {
     atomic_int running;
@@ -86,6 +94,11 @@ static struct {
     struct sigaction old_action;
     int handler_installed;
 
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+    rb_internal_thread_event_hook_t *gvl_hook;
+#endif
+    int track_states;        /* this round records GVL states */
+
     /* thread begin/end (every mode) and object mode */
     VALUE thread_hook;
     VALUE newobj_hook;
@@ -111,7 +124,8 @@ current_entry(void)
     if (t) return t;
     VALUE thread = rb_thread_current();
     if (!profiled(thread)) return NULL;
-    t = strobe_threads_add(strobe_gettid(), thread);
+    /* It runs Ruby code now: it holds the GVL. */
+    t = strobe_threads_add(strobe_gettid(), thread, S.track_states ? STROBE_STATE_RUNNING : STROBE_STATE_UNKNOWN);
     if (!t) S.unsampled_threads++;
     return t;
 }
@@ -129,6 +143,14 @@ register_running_threads(void)
         VALUE thread = RARRAY_AREF(list, i);
         if (!RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) continue;
         pid_t tid;
+        /* The starting thread holds the GVL; of the others, a sleeping
+         * one (sleep, IO, a lock, a queue) has released it, and a
+         * runnable one waits for it. */
+        int state = STROBE_STATE_UNKNOWN;
+        if (S.track_states)
+            state = thread == current ? STROBE_STATE_RUNNING
+                  : rb_str_equal(rb_funcall(thread, rb_intern("status"), 0), rb_str_new_cstr("sleep")) == Qtrue
+                      ? STROBE_STATE_BLOCKED : STROBE_STATE_WAITING;
         if (thread == current) {
             /* Ruby 3.1 keeps reporting the parent's tid in a forked child. */
             tid = strobe_gettid();
@@ -137,7 +159,7 @@ register_running_threads(void)
             if (NIL_P(id)) continue;
             tid = (pid_t)NUM2INT(id);
         }
-        if (!strobe_threads_add(tid, thread)) S.unsampled_threads++;
+        if (!strobe_threads_add(tid, thread, state)) S.unsampled_threads++;
     }
 }
 
@@ -157,6 +179,52 @@ thread_hook(VALUE tpval, void *data)
     strobe_sampler_flush(); /* its captured samples still name it */
     strobe_profile_thread_ended(t);
     strobe_threads_end(t);
+}
+
+/* ---- GVL states ---------------------------------------------------------------- */
+
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+/* Runs on the thread whose GVL state changes (Ruby's default 1:1 threads),
+ * without the GVL except for RESUMED: one lock-free lookup and a store. */
+static void
+gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, void *unused)
+{
+    (void)data; (void)unused;
+    strobe_thread_t *t = strobe_threads_self(); /* NULL unless registered */
+    if (!t) return;
+    uint8_t state = (event & RUBY_INTERNAL_THREAD_EVENT_RESUMED) ? STROBE_STATE_RUNNING
+                  : (event & RUBY_INTERNAL_THREAD_EVENT_READY) ? STROBE_STATE_WAITING
+                  : STROBE_STATE_BLOCKED;
+    atomic_store_explicit(&t->gvl_state, state, memory_order_relaxed);
+}
+#endif
+
+/* Time modes: follow GVL states where Ruby reports them. Before the
+ * running threads are registered, so no change after a thread's initial
+ * state is read is missed. */
+static void
+gvl_states_start(void)
+{
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+    S.track_states = 1;
+    strobe_profile.track_states = 1;
+    S.gvl_hook = rb_internal_thread_add_event_hook(
+        gvl_event,
+        RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED | RUBY_INTERNAL_THREAD_EVENT_SUSPENDED,
+        NULL);
+#else
+    S.track_states = 0;
+#endif
+}
+
+static void
+gvl_states_stop(void)
+{
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+    if (S.gvl_hook) rb_internal_thread_remove_event_hook(S.gvl_hook);
+    S.gvl_hook = NULL;
+#endif
+    S.track_states = 0;
 }
 
 /* ---- hand-off -------------------------------------------------------------- */
@@ -289,7 +357,8 @@ record_repeats(void *arg)
     struct repeats *r = arg;
     for (; r->done < r->len; r->done++) {
         strobe_thread_t *t = r->threads[r->done];
-        if (!strobe_profile_record_repeat(t, r->time_us)) r->threads[r->unrepeated++] = t;
+        int state = atomic_load_explicit(&t->gvl_state, memory_order_relaxed);
+        if (!strobe_profile_record_repeat(t, r->time_us, state)) r->threads[r->unrepeated++] = t;
     }
 }
 
@@ -528,10 +597,12 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_
     if (NIL_P(S.thread_hook))
         S.thread_hook = rb_tracepoint_new(Qnil, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, thread_hook, NULL);
 
+    S.track_states = 0;
     if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
-        register_running_threads();
         const char *err = install_handler();
         if (err) return err;
+        gvl_states_start();
+        register_running_threads();
         atomic_store(&S.running, 1);
         /* No timer thread (out of threads, say): the process-wide timer.
          * Set before any signal can arrive; the handler reads it. */
@@ -540,6 +611,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_
         if (S.process_timer && process_timer_start() != 0) {
             atomic_store(&S.running, 0);
             S.process_timer = 0;
+            gvl_states_stop();
             uninstall_handler();
             return "cannot start a timer (neither a timer thread nor a process timer)";
         }
@@ -566,6 +638,7 @@ strobe_sampler_stop(void)
         timer_stop();
         process_timer_stop();
         S.process_timer = 0;
+        gvl_states_stop();
         uninstall_handler();
     } else if (S.mode == STROBE_MODE_OBJECT) {
         rb_tracepoint_disable(S.newobj_hook);
@@ -604,8 +677,9 @@ drain_then_record_scratch(void *arg)
 {
     strobe_thread_t *t = arg;
     drain(NULL);
+    uint8_t state = atomic_load(&t->gvl_state);
     strobe_profile_record(t, t->scratch_gc_kind, t->scratch_frames, t->scratch_lines,
-                          t->scratch_depth, &t->scratch_time, 1);
+                          t->scratch_depth, &t->scratch_time, &state, 1);
 }
 
 int
@@ -638,7 +712,8 @@ strobe_sampler_sample_now(void)
             /* Nothing else captures on this thread in these modes; the guard
              * is let go first because running out of memory raises here. */
             atomic_store(&t->in_handler, 0);
-            strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, 1);
+            const uint8_t state = STROBE_STATE_UNKNOWN; /* not tracked in these modes */
+            strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, &state, 1);
             return 1;
         }
         t->scratch_depth = depth;

@@ -55,6 +55,17 @@ typedef enum {
     STROBE_FRAME_SWEEPING /* "(sweeping)" */
 } strobe_frame_kind_t;
 
+/* What a thread was doing when sampled, from Ruby's GVL events (Ruby 3.2+,
+ * see sampler.c); UNKNOWN where they are not available. */
+enum {
+    STROBE_STATE_UNKNOWN = 0,
+    STROBE_STATE_RUNNING,    /* holding the GVL */
+    STROBE_STATE_WAITING,    /* ready to run, waiting for the GVL */
+    STROBE_STATE_BLOCKED,    /* released the GVL: IO, sleep, a lock, C code */
+    STROBE_STATES
+};
+_Static_assert((STROBE_STATES & (STROBE_STATES - 1)) == 0, "state masks need a power of two");
+
 /* ---- capture.c: the handler-to-GVL ring -------------------------------- */
 
 enum { STROBE_SLOT_EMPTY = 0, STROBE_SLOT_WRITING, STROBE_SLOT_READY, STROBE_SLOT_DRAINING };
@@ -69,6 +80,7 @@ typedef struct {
     size_t gc_epoch;         /* see capture.c: the GC count its frames are
                               * known valid through */
     int64_t times[STROBE_SLOT_TIMES]; /* CLOCK_MONOTONIC microseconds */
+    uint8_t states[STROBE_SLOT_TIMES]; /* the thread's state at each */
     VALUE frames[STROBE_MAX_DEPTH];   /* innermost first, as rb_profile_frames */
     int lines[STROBE_MAX_DEPTH];
 } strobe_slot_t;
@@ -84,6 +96,7 @@ typedef struct {
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
+    _Atomic uint8_t gvl_state; /* STROBE_STATE_*, set by the GVL hook */
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
     int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */
     int64_t cpu_last_ns;     /* CPU mode (timer thread): CPU time at the last signal */
@@ -131,8 +144,9 @@ strobe_now_us(void)
 
 void strobe_threads_reset(void);
 pid_t strobe_gettid(void);
-/* GVL held: the LIVE entry for tid, adding one; NULL when the registry is full. */
-strobe_thread_t *strobe_threads_add(pid_t tid, VALUE thread);
+/* GVL held: the LIVE entry for tid, adding one in the given state;
+ * NULL when the registry is full. */
+strobe_thread_t *strobe_threads_add(pid_t tid, VALUE thread, int state);
 strobe_thread_t *strobe_threads_find(pid_t tid);
 /* Async-signal-safe: the calling thread's LIVE entry, or NULL. */
 strobe_thread_t *strobe_threads_self(void);
@@ -210,7 +224,7 @@ typedef struct {
     uint32_t node;
     uint32_t time_offset;    /* microseconds after the chunk's base time */
     uint16_t thread;         /* index into profile threads */
-    uint16_t flags;          /* reserved: thread state per sample */
+    uint16_t flags;          /* the thread's STROBE_STATE_* */
 } strobe_sample_t;
 
 #define STROBE_CHUNK_SAMPLES 8192
@@ -227,6 +241,7 @@ typedef struct {
     VALUE name;              /* its name, taken when it ended (marked) */
     uint64_t samples;
     uint32_t last_node;      /* leaf of its latest sample (0 none): repeats reuse it */
+    uint64_t states[STROBE_STATES]; /* its samples by state */
 } strobe_profile_thread_t;
 
 /* Sample log thread indexes are 16-bit; later threads share the last one. */
@@ -238,6 +253,7 @@ typedef struct {
     long interval;           /* microseconds or allocations; 0 for custom */
     int raw, aggregate, ignore_gc;
     int process_timer;       /* some round sampled by the process-wide timer */
+    int track_states;        /* samples carry GVL states (Ruby 3.2+, time modes) */
     strobe_stack_table_t table;
     uint64_t *node_self;     /* samples whose leaf is this node */
     uint32_t node_self_capa;
@@ -270,13 +286,14 @@ int strobe_profile_thread_index(pid_t tid, VALUE thread);
 void strobe_profile_thread_ended(strobe_thread_t *t);
 
 /* GVL held: record n samples of one stack (frames innermost first, or a
- * GC pseudo-stack when gc_kind is not STROBE_FRAME_RUBY) taken on thread t. */
+ * GC pseudo-stack when gc_kind is not STROBE_FRAME_RUBY) taken on thread t,
+ * each with its time and state. */
 void strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, const int *lines,
-                           int depth, const int64_t *times, uint32_t n);
+                           int depth, const int64_t *times, const uint8_t *states, uint32_t n);
 void strobe_profile_record_slot(const strobe_slot_t *slot);
 /* Under the profile lock: one more sample of t's latest recorded Ruby stack,
  * at time_us. Returns 0 (recording nothing) when t has none. */
-int strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us);
+int strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us, int state);
 void strobe_profile_add_missed(uint64_t n);
 uint64_t strobe_profile_missed(void);
 void strobe_profile_mark(void);
@@ -311,7 +328,13 @@ void strobe_results_aggregate(const strobe_node_t *nodes, uint32_t nodes_len, co
                               VALUE details_by_frame, VALUE frame_ids, uint32_t frames_len, int aggregate);
 void strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
                         const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
-                        const uint16_t *sample_threads, int64_t start_us, VALUE frame_ids);
+                        const uint16_t *sample_threads, const uint8_t *sample_states,
+                        int64_t start_us, VALUE frame_ids);
+VALUE strobe_results_states(const uint64_t *counts);
+/* :running, :waiting or :blocked for a STROBE_STATE_*, nil for UNKNOWN. */
+VALUE strobe_state_sym(int state);
+/* The STROBE_STATE_* of such a Symbol, or -1. */
+int strobe_state_of(VALUE sym);
 
 /* ---- compact.c ------------------------------------------------------------ */
 

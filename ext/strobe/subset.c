@@ -27,6 +27,7 @@ typedef struct {
     uint32_t *sample_nodes;  /* kept samples */
     int64_t *times;
     uint16_t *threads;       /* all 0: the one thread */
+    uint8_t *states;         /* kept samples' GVL states */
     size_t kept, kept_capa;
     VALUE result, tid;
 } subset_t;
@@ -62,17 +63,19 @@ int_at(VALUE ary, long i, const char *what)
 }
 
 static void
-keep(subset_t *s, uint32_t node, int64_t time)
+keep(subset_t *s, uint32_t node, int64_t time, uint8_t state)
 {
     if (s->kept == s->kept_capa) {
         s->kept_capa = s->kept_capa ? s->kept_capa * 2 : 1024;
         s->sample_nodes = grow(s->sample_nodes, s->kept_capa, sizeof(uint32_t));
         s->times = grow(s->times, s->kept_capa, sizeof(int64_t));
         s->threads = grow(s->threads, s->kept_capa, sizeof(uint16_t));
+        s->states = grow(s->states, s->kept_capa, 1);
     }
     s->sample_nodes[s->kept] = node;
     s->times[s->kept] = time;
     s->threads[s->kept] = 0;
+    s->states[s->kept] = state;
     s->kept++;
     if (node >= s->self_capa) {
         uint32_t capa = s->self_capa ? s->self_capa : 1024;
@@ -98,6 +101,9 @@ subset_body(VALUE arg)
     if (RARRAY_LEN(raw_lines) != raw_len) CORRUPT("raw_lines does not match raw");
     int has_times = RB_TYPE_P(stamps, T_ARRAY);
     if (has_times && RARRAY_LEN(stamps) != n) CORRUPT("raw_sample_timestamps does not match raw_sample_threads");
+    VALUE states = key(result, "raw_sample_states");
+    int has_states = RB_TYPE_P(states, T_ARRAY);
+    if (has_states && RARRAY_LEN(states) != n) CORRUPT("raw_sample_states does not match raw_sample_threads");
 
     strobe_stack_table_init(&s->table);
     s->table_ready = 1;
@@ -124,7 +130,10 @@ subset_body(VALUE arg)
                 }
                 interned = 1;
             }
-            if (node) keep(s, node, has_times ? NUM2LL(RARRAY_AREF(stamps, k)) : 0);
+            int state = STROBE_STATE_UNKNOWN;
+            if (has_states && !NIL_P(RARRAY_AREF(states, k)) && (state = strobe_state_of(RARRAY_AREF(states, k))) < 0)
+                CORRUPT("raw_sample_states[%ld] is not a thread state", k);
+            if (node) keep(s, node, has_times ? NUM2LL(RARRAY_AREF(stamps, k)) : 0, (uint8_t)state);
         }
         sample += count;
         i += depth + 2;
@@ -181,7 +190,8 @@ subset_body(VALUE arg)
         start = NUM2LL(RARRAY_AREF(stamps, 0)) - NUM2LL(RARRAY_AREF(deltas, 0));
     VALUE thread_ids = rb_ary_new_from_args(1, s->tid);
     strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes, has_times ? s->times : NULL,
-                       thread_ids, s->threads, start, frame_ids);
+                       thread_ids, s->threads, has_states ? (s->states ? s->states : (uint8_t *)"") : NULL,
+                       start, frame_ids);
     if (!has_times) {
         rb_hash_delete(out, strobe_sym("raw_sample_timestamps"));
         rb_hash_delete(out, strobe_sym("raw_timestamp_deltas"));
@@ -198,6 +208,7 @@ subset_free(VALUE arg)
     free(s->sample_nodes);
     free(s->times);
     free(s->threads);
+    free(s->states);
     return Qnil;
 }
 

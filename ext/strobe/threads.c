@@ -41,6 +41,11 @@ static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static __thread strobe_thread_t *self_entry __attribute__((tls_model("initial-exec")));
 static __thread unsigned self_generation __attribute__((tls_model("initial-exec")));
+/* A thread that is not registered (not profiled, or not yet) remembers the
+ * registry version it found itself missing from, so the GVL hook and the
+ * handler do not rescan on every call until something is added. */
+static atomic_uint version;
+static __thread unsigned self_missed_version __attribute__((tls_model("initial-exec")));
 
 pid_t
 strobe_gettid(void)
@@ -80,6 +85,7 @@ strobe_threads_reset(void)
     }
     atomic_store(&entries_len, 0);
     atomic_fetch_add(&generation, 1);
+    atomic_fetch_add(&version, 1);
 }
 
 strobe_thread_t *
@@ -99,10 +105,15 @@ strobe_threads_self(void)
     unsigned gen = atomic_load(&generation);
     strobe_thread_t *t = self_entry;
     if (t && self_generation == gen && atomic_load(&t->state) == STROBE_THREAD_LIVE) return t;
+    /* Stored plus one, so the zero a new thread starts with never matches. */
+    unsigned v = atomic_load(&version) + 1;
+    if (self_missed_version == v) return NULL;
     t = strobe_threads_find(strobe_gettid());
     if (t) {
         self_entry = t;
         self_generation = gen;
+    } else {
+        self_missed_version = v;
     }
     return t;
 }
@@ -135,7 +146,7 @@ claim(pid_t tid)
 }
 
 strobe_thread_t *
-strobe_threads_add(pid_t tid, VALUE thread)
+strobe_threads_add(pid_t tid, VALUE thread, int state)
 {
     strobe_thread_t *t = strobe_threads_find(tid);
     if (t) return t;
@@ -156,12 +167,14 @@ strobe_threads_add(pid_t tid, VALUE thread)
     t->last_seq = -1;
     t->profile_index = -1;
     atomic_store(&t->idle_cpu_ns, -1);
+    atomic_store(&t->gvl_state, (uint8_t)state);
     struct timespec ts;
     if (clock_gettime(t->cpu_clock, &ts) == 0)
         t->cpu_last_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
     atomic_store_explicit(&t->state, STROBE_THREAD_LIVE, memory_order_release);
     if (t->index == atomic_load(&entries_len))
         atomic_store_explicit(&entries_len, t->index + 1, memory_order_release);
+    atomic_fetch_add(&version, 1);
     pthread_mutex_unlock(&registry_lock);
     return t;
 }

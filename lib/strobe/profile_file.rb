@@ -9,17 +9,19 @@ module Strobe
   #
   # The file holds the result Hash with its raw arrays replaced by a compact
   # "stacks" section: a node table (parent, frame position, line) once, then
-  # per sample a node, a thread position and a time delta in microseconds,
-  # as columns. Strobe::Native.compact/expand (C) convert between the two, so
+  # per sample a node, a thread position, a time delta in microseconds and,
+  # where samples carry GVL states, a state number (0 unknown, 1 running,
+  # 2 waiting for the GVL, 3 blocked), as columns. Strobe::Native.compact/expand (C) convert between the two, so
   # the stackprof-shaped raw arrays are derived on load, never stored.
   #
   # Loading never calls Marshal.load: a profile from someone else must not be
   # able to run code.
   module ProfileFile
     FORMAT = 1
+    THREAD_STATES = %i[running waiting blocked].freeze
     GZIP_MAGIC = "\x1f\x8b".b
     MARSHAL_MAGIC = "\x04\x08".b
-    RAW_KEYS = %i[raw raw_lines raw_sample_timestamps raw_timestamp_deltas raw_sample_threads].freeze
+    RAW_KEYS = %i[raw raw_lines raw_sample_timestamps raw_timestamp_deltas raw_sample_threads raw_sample_states].freeze
 
     module_function
 
@@ -95,11 +97,17 @@ module Strobe
         samples: result[:samples], gc_samples: result[:gc_samples], missed_samples: result[:missed_samples],
         metadata: result[:metadata] || {},
         frames: frames.map { |id, frame| encode_frame(id, frame) },
-        threads: threads.map { |id, info| { id: id, name: info[:name], samples: info[:samples] } },
+        threads: threads.map { |id, info| encode_thread(id, info) },
       }
       doc[:stacks] = encode_stacks(result, frame_pos, threads) if result[:raw]
       result.each { |key, value| doc[key] = value unless doc.key?(key) || RAW_KEYS.include?(key) || key == :stacks }
       doc
+    end
+
+    def encode_thread(id, info)
+      out = { id: id, name: info[:name], samples: info[:samples] }
+      out[:states] = info[:states] if info[:states]
+      out
     end
 
     def encode_frame(id, frame)
@@ -118,9 +126,12 @@ module Strobe
       start = stamps&.first ? stamps.first - (deltas&.first || 0) : 0
       thread_pos = threads.keys.each_with_index.to_h
       sample_threads = result[:raw_sample_threads]
-      nodes, samples, sample_deltas, sample_thread_pos =
-        Native.compact(result[:raw], result[:raw_lines], stamps, sample_threads, frame_pos, thread_pos, start)
-      { start_time: start, nodes: nodes, samples: samples, deltas: sample_deltas, threads: sample_thread_pos }
+      nodes, samples, sample_deltas, sample_thread_pos, states =
+        Native.compact(result[:raw], result[:raw_lines], stamps, sample_threads, result[:raw_sample_states],
+                       frame_pos, thread_pos, start)
+      stacks = { start_time: start, nodes: nodes, samples: samples, deltas: sample_deltas, threads: sample_thread_pos }
+      stacks[:states] = states unless states.empty?
+      stacks
     end
 
     def decode(doc, name)
@@ -133,7 +144,7 @@ module Strobe
       threads_list = doc[:threads].is_a?(Array) ? doc[:threads] : []
       result = header(doc, name)
       result[:frames] = frames_list.to_h { |frame| decode_frame(frame, name) }
-      result[:threads] = threads_list.to_h { |t| [t[:id], { name: t[:name], samples: t[:samples] }] }
+      result[:threads] = threads_list.to_h { |t| decode_thread(t, name) }
       extras = doc.keys - %i[strobe_file frames threads stacks] - result.keys
       extras.each { |key| result[key] = doc[key] }
       decode_stacks(result, doc[:stacks], frames_list, threads_list, name) if doc[:stacks]
@@ -147,6 +158,20 @@ module Strobe
         samples: expect(doc, :samples, Integer, name), gc_samples: doc[:gc_samples].to_i,
         missed_samples: doc[:missed_samples].to_i, metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
       }
+    end
+
+    def decode_thread(thread, name)
+      raise ProfileError, "#{name}: a thread is not an object" unless thread.is_a?(Hash)
+
+      info = { name: thread[:name], samples: thread[:samples] }
+      states = thread[:states]
+      if states
+        unless states.is_a?(Hash) && states.all? { |k, v| THREAD_STATES.include?(k) && v.is_a?(Integer) }
+          raise ProfileError, "#{name}: thread #{thread[:id].inspect} has malformed states"
+        end
+        info[:states] = states
+      end
+      [thread[:id], info]
     end
 
     def decode_frame(frame, name)
@@ -168,7 +193,7 @@ module Strobe
 
       Native.expand(result, stacks[:nodes], frames_list.map { |f| f[:id] }, stacks[:samples],
                     stacks[:deltas] || [], stacks[:start_time] || 0, stacks[:threads] || [],
-                    threads_list.map { |t| t[:id] })
+                    threads_list.map { |t| t[:id] }, stacks[:states] || [])
       result
     rescue ProfileError => e
       raise ProfileError, "#{name}: #{e.message}"

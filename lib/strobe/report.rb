@@ -128,7 +128,24 @@ module Strobe
       io.puts "  Thread: #{thread_line}" if @result[:thread]
       io.puts format("  Samples: %d (%.2f%% miss rate)", samples, miss_rate)
       io.puts format("  GC: %d (%.2f%%)", gc_samples, gc_rate)
+      print_thread_states(io)
       io.puts RULE
+    end
+
+    # With GVL states (Ruby 3.2+), one line per thread: the share of its
+    # samples it was running, waiting for the GVL, or blocked.
+    def print_thread_states(io)
+      threads = @result[:threads].is_a?(Hash) ? @result[:threads].select { |_, t| t[:states].is_a?(Hash) } : {}
+      return if threads.empty?
+
+      io.puts "  Threads (running / waiting for the GVL / blocked):"
+      threads.sort_by { |id, t| [-t[:samples].to_i, id.to_s] }.each do |id, t|
+        states = t[:states]
+        total = [states.values.sum, 1].max
+        shares = %i[running waiting blocked].map { |s| format("%5.1f%%", 100.0 * states[s].to_i / total) }
+        label = t[:name] ? "#{id} (#{t[:name]})" : id.to_s
+        io.puts format("    %-28s %8d samples  %s", label, t[:samples].to_i, shares.join(" / "))
+      end
     end
 
     def thread_line
