@@ -34,7 +34,7 @@ static _Atomic uint64_t missed_samples;
 static pthread_mutex_t profile_lock = PTHREAD_MUTEX_INITIALIZER;
 static __thread jmp_buf *oom_jump; /* set inside strobe_profile_locked() */
 
-void
+_Noreturn void
 strobe_out_of_memory(void)
 {
     if (oom_jump) longjmp(*oom_jump, 1);

@@ -199,6 +199,24 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
 }
 #endif
 
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+static void
+gvl_hook_add(void)
+{
+    S.gvl_hook = rb_internal_thread_add_event_hook(
+        gvl_event,
+        RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED | RUBY_INTERNAL_THREAD_EVENT_SUSPENDED,
+        NULL);
+}
+
+static void
+gvl_hook_remove(void)
+{
+    if (S.gvl_hook) rb_internal_thread_remove_event_hook(S.gvl_hook);
+    S.gvl_hook = NULL;
+}
+#endif
+
 /* Time modes: follow GVL states where Ruby reports them. Before the
  * running threads are registered, so no change after a thread's initial
  * state is read is missed. */
@@ -208,10 +226,7 @@ gvl_states_start(void)
 #ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
     S.track_states = 1;
     strobe_profile.track_states = 1;
-    S.gvl_hook = rb_internal_thread_add_event_hook(
-        gvl_event,
-        RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED | RUBY_INTERNAL_THREAD_EVENT_SUSPENDED,
-        NULL);
+    gvl_hook_add();
 #else
     S.track_states = 0;
 #endif
@@ -221,10 +236,33 @@ static void
 gvl_states_stop(void)
 {
 #ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
-    if (S.gvl_hook) rb_internal_thread_remove_event_hook(S.gvl_hook);
-    S.gvl_hook = NULL;
+    gvl_hook_remove();
 #endif
     S.track_states = 0;
+}
+
+/* Ruby runs GVL hooks under a process-wide rwlock that fork does not reset:
+ * a fork while another thread is inside a hook leaves it read-locked in the
+ * child, and the child's next rb_internal_thread_add_event_hook() waits
+ * forever (seen on 3.3.8). So the hook is taken out around fork (removing
+ * waits for running hooks to finish) and put back in the parent; events
+ * during the fork itself are not seen, so a state may lag until the
+ * thread's next GVL event. */
+static void
+gvl_hook_pause_for_fork(void)
+{
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+    gvl_hook_remove();
+#endif
+}
+
+static void
+gvl_hook_resume_after_fork(int in_child)
+{
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+    if (S.track_states && !in_child) gvl_hook_add();
+#endif
+    if (in_child) S.track_states = 0; /* profiling stops in the child */
 }
 
 /* ---- hand-off -------------------------------------------------------------- */
@@ -388,6 +426,10 @@ timer_main(void *arg)
     const int64_t idle_ns = interval_ns / 4 < STROBE_IDLE_CPU_NS ? interval_ns / 4 : STROBE_IDLE_CPU_NS;
     static strobe_thread_t *idle_threads[STROBE_MAX_THREADS];
     int64_t next = clock_ns(CLOCK_MONOTONIC);
+    /* Ended threads' entries are checked every 10 ms or so: a probe
+     * syscall each, not worth making every tick. */
+    const uint64_t reclaim_every = S.interval >= 10000 ? 1 : (uint64_t)(10000 / S.interval);
+    uint64_t ticks = 0;
 
     pthread_mutex_lock(&S.timer_lock);
     while (!S.timer_stop) {
@@ -404,6 +446,7 @@ timer_main(void *arg)
         /* Record what the handlers captured since the last tick. Off the
          * GVL, so it goes on whether or not any Ruby thread is running. */
         strobe_profile_locked(drain, NULL);
+        if (++ticks % reclaim_every == 0) strobe_threads_reclaim();
 
         int n = strobe_threads_len(), live = 0, idle_len = 0;
         int64_t now_us = strobe_now_us();
@@ -745,15 +788,23 @@ strobe_sampler_mark(void)
 static void
 atfork_prepare(void)
 {
+    gvl_hook_pause_for_fork();
     strobe_threads_lock();
     strobe_profile_lock();
 }
 
 static void
-atfork_parent(void)
+unlock_after_fork(void)
 {
     strobe_profile_unlock();
     strobe_threads_unlock();
+}
+
+static void
+atfork_parent(void)
+{
+    unlock_after_fork();
+    gvl_hook_resume_after_fork(0);
 }
 
 /* In a forked child only the forking thread exists: no timer thread, the
@@ -763,7 +814,8 @@ atfork_parent(void)
 static void
 atfork_child(void)
 {
-    atfork_parent(); /* this thread took both locks; it is the one left */
+    unlock_after_fork(); /* this thread took both locks; it is the one left */
+    gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
     atomic_store(&S.running, 0);
     S.timer_started = 0;

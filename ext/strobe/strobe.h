@@ -151,6 +151,9 @@ strobe_thread_t *strobe_threads_find(pid_t tid);
 /* Async-signal-safe: the calling thread's LIVE entry, or NULL. */
 strobe_thread_t *strobe_threads_self(void);
 void strobe_threads_end(strobe_thread_t *t);
+/* Registry lock held: free DEAD entries whose kernel thread is gone and
+ * whose samples are drained. */
+void strobe_threads_reclaim(void);
 /* Held by the timer thread for a tick, and by strobe_threads_add(). */
 void strobe_threads_lock(void);
 void strobe_threads_unlock(void);
@@ -274,7 +277,7 @@ extern strobe_profile_t strobe_profile;
 
 /* Allocation failed: inside strobe_profile_locked() it unwinds to there;
  * elsewhere (GVL held) it raises NoMemoryError. */
-void strobe_out_of_memory(void);
+_Noreturn void strobe_out_of_memory(void);
 /* Runs fn(arg) under the profile lock; -1 if an allocation failed in it. */
 int strobe_profile_locked(void (*fn)(void *), void *arg);
 void strobe_profile_lock(void);

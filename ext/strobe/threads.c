@@ -10,10 +10,11 @@
  *     can only run between that thread's instructions, no longer finds it;
  *   - an entry is reused only once every sample it captured has been
  *     drained (so no sample is charged to the next owner), and either by the
- *     same kernel thread (Ruby keeps native threads cached and runs the next
- *     Thread on them) or after that kernel thread is gone (so no stale
- *     thread-local pointer can still name it). Short-lived threads therefore
- *     cost entries only while they run.
+ *     same kernel thread (Ruby 3.1 keeps native threads cached and runs the
+ *     next Thread on them) or after that kernel thread is gone (so no stale
+ *     thread-local pointer can still name it): strobe_threads_reclaim()
+ *     (timer thread, now and then) frees those. Short-lived threads
+ *     therefore cost entries only while they run.
  * strobe_threads_reset() (GVL held, nothing sampling) frees everything and
  * bumps a generation number.
  *
@@ -134,10 +135,13 @@ claim(pid_t tid)
 {
     int n = atomic_load(&entries_len);
     strobe_thread_t *t = NULL;
-    /* The same kernel thread's old entry first, then a new entry, and once
-     * the array is full a DEAD entry whose thread is gone. */
+    /* The same kernel thread's old entry first, then one the timer freed,
+     * then a new entry, and once the array is full a DEAD entry whose
+     * thread is gone (with no timer thread, nothing else frees them). */
     for (int i = 0; i < n && !t; i++)
         if (entries[i].tid == tid && reusable(&entries[i], tid)) t = &entries[i];
+    for (int i = 0; i < n && !t; i++)
+        if (atomic_load(&entries[i].state) == STROBE_THREAD_FREE) t = &entries[i];
     if (!t && n < STROBE_MAX_THREADS) t = &entries[n];
     for (int i = 0; i < n && !t; i++)
         if (reusable(&entries[i], tid)) t = &entries[i];
@@ -177,6 +181,15 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
     atomic_fetch_add(&version, 1);
     pthread_mutex_unlock(&registry_lock);
     return t;
+}
+
+void
+strobe_threads_reclaim(void)
+{
+    int n = atomic_load(&entries_len);
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&entries[i].state) == STROBE_THREAD_DEAD && reusable(&entries[i], 0))
+            atomic_store(&entries[i].state, STROBE_THREAD_FREE);
 }
 
 void
