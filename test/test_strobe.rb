@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "tmpdir"
+require "set"
 
 # Workload for exact tests: custom-mode samples at known places.
 module Workload
@@ -27,7 +28,65 @@ module Workload
   end
 end
 
+# Random walks through call sites, for comparing each recorded stack with
+# the stack Ruby reports at the same moment.
+module Walk
+  FIRST_LINE = __LINE__
+  module_function
+
+  def step(path, i, seen)
+    return leaf(seen) if i == path.size
+
+    case path[i]
+    when 0 then step(path, i + 1, seen)
+    when 1 then step(path, i + 1, seen) # the same method, another line
+    else through { step(path, i + 1, seen) } # two more levels: a method and a block
+    end
+  end
+
+  def through
+    yield
+  end
+
+  # The lines of the Walk frames on the stack, root first.
+  def leaf(seen)
+    seen << caller_locations(1).select { |l| l.path == __FILE__ && LINES.cover?(l.lineno) }.map(&:lineno).reverse
+    Strobe.sample
+  end
+
+  LINES = (FIRST_LINE..__LINE__)
+end
+
 class TestStrobe < Minitest::Test
+  # Consecutive stacks share prefixes of every length, including ones that
+  # differ only in a line deep inside: each sample's recorded stack must be
+  # exactly the stack Ruby reported there (the recorder reuses the previous
+  # stack's common part, compared several levels at a time).
+  def test_every_recorded_stack_is_the_stack_sampled
+    rng = Random.new(42)
+    paths = Array.new(400) { Array.new(rng.rand(0..40)) { rng.rand(0..2) } }
+    # Runs of repeats and near-repeats, not only random stacks.
+    paths = paths.flat_map { |p| [p, p, p.dup.tap { |q| q[rng.rand(q.size)] = (q[0].to_i + 1) % 3 unless q.empty? }] }
+    seen = []
+    result = Strobe.run(mode: :custom, raw: true) { paths.each { |path| Walk.step(path, 0, seen) } }
+    assert_equal seen.size, result[:samples]
+
+    here = result[:frames].select { |_, f| f[:file] == File.expand_path(__FILE__) }.keys.to_set
+    recorded = []
+    raw, lines = result[:raw], result[:raw_lines]
+    i = 0
+    while i < raw.size
+      depth = raw[i]
+      stack = (1..depth).select { |k| here.include?(raw[i + k]) && Walk::LINES.cover?(lines[i + k]) }.map { |k| lines[i + k] }
+      raw[i + depth + 1].times { recorded << stack[0...-1] } # the last is leaf's own line
+      i += depth + 2
+    end
+    assert_equal seen.size, recorded.size
+    wrong = seen.each_index.reject { |k| seen[k] == recorded[k] }
+    assert_empty wrong, "sample #{wrong.first}: sampled #{seen[wrong.first].inspect}, recorded #{recorded[wrong.first].inspect}" unless wrong.empty?
+    assert_operator seen.map(&:size).max, :>, 30, "deep stacks were exercised"
+  end
+
   def test_custom_mode_counts_are_exact
     result = Strobe.run(mode: :custom) { Workload.outer(7, 3) }
     frames = frames_by_name(result)

@@ -26,6 +26,9 @@
  */
 #include "strobe.h"
 #include <setjmp.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -210,6 +213,32 @@ log_store(strobe_profile_t *p, uint32_t node, int64_t time_us, uint16_t thread, 
     c->samples[c->len++] = (strobe_sample_t){ node, (uint32_t)(time_us - c->base_us), thread, state };
 }
 
+/* 1 + the number of levels, counted from the root, at which two stacks
+ * hold the same frame at the same line. f/pf and l/pl point just past the
+ * root ends (the k-th level from the root is [-k]); limit is the shorter
+ * depth. The common part is usually almost all of the stack, so with SSE2
+ * (every x86-64) four levels are compared per step. */
+static inline int
+common_root(const VALUE *f, const VALUE *pf, const int *l, const int *pl, int limit)
+{
+    int k = 1;
+#if defined(__SSE2__) && SIZEOF_VALUE == 8
+    while (k + 3 <= limit) {
+        __m128i frames_hi = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(f - k - 1)),
+                                            _mm_loadu_si128((const __m128i *)(pf - k - 1)));
+        __m128i frames_lo = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(f - k - 3)),
+                                            _mm_loadu_si128((const __m128i *)(pf - k - 3)));
+        __m128i lines = _mm_cmpeq_epi32(_mm_loadu_si128((const __m128i *)(l - k - 3)),
+                                        _mm_loadu_si128((const __m128i *)(pl - k - 3)));
+        if (_mm_movemask_epi8(_mm_and_si128(_mm_and_si128(frames_hi, frames_lo), lines)) != 0xFFFF) break;
+        k += 4;
+    }
+#endif
+    while (k <= limit && pf[-k] == f[-k] && pl[-k] == l[-k])
+        k++;
+    return k;
+}
+
 /* Interns a Ruby stack (innermost first, as captured) and returns its leaf
  * node, reusing the previous stack's path up to the first difference. */
 static uint32_t
@@ -222,9 +251,7 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
     const int *l = lines + depth, *pl = p->prev_lines + STROBE_MAX_DEPTH;
     uint32_t *path = p->prev_path + STROBE_MAX_DEPTH;
     int limit = depth < p->prev_depth ? depth : p->prev_depth;
-    int k = 1;
-    while (k <= limit && pf[-k] == f[-k] && pl[-k] == l[-k])
-        k++;
+    int k = common_root(f, pf, l, pl, limit);
     /* Only the common part stays valid if interning runs out of memory. */
     p->prev_depth = k - 1;
 
@@ -277,7 +304,8 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
     p->samples += n;
     if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
     p->threads[thread].samples += n;
-    for (uint32_t i = 0; i < n; i++) p->threads[thread].states[states[i] & (STROBE_STATES - 1)]++;
+    if (p->track_states)
+        for (uint32_t i = 0; i < n; i++) p->threads[thread].states[states[i] & (STROBE_STATES - 1)]++;
 }
 
 void
