@@ -34,6 +34,14 @@ module StrobeTestHelpers
     run_command(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code, timeout: timeout)
   end
 
+  # Runs Ruby code in a child process and checks that it exits 0 having
+  # printed exactly expected.
+  def assert_ruby_prints(expected, code, timeout: 60)
+    out, err, status = run_ruby(code, timeout: timeout)
+    assert status.success?, "exit status #{status.inspect}, stderr: #{err[0, 400]}"
+    assert_equal expected, out
+  end
+
   # Frames of a result by name: {name => frame}. Names must be unique.
   def frames_by_name(result)
     result[:frames].values.to_h { |f| [f[:name], f] }

@@ -187,9 +187,7 @@ class TestThreads < Minitest::Test
       puts "exiting"
       exit 0
     RUBY
-    out, err, status = run_ruby(code)
-    assert status.success?, "exit status #{status.inspect}, stderr: #{err}"
-    assert_equal "exiting\n", out
+    assert_ruby_prints "exiting\n", code
   end
 
   def test_fork_while_threads_are_profiled
@@ -209,9 +207,7 @@ class TestThreads < Minitest::Test
       names = r[:threads].values.map { |t| t[:name] }.compact.sort
       puts [$?.exitstatus, names.join(","), r[:samples] > 300].inspect
     RUBY
-    out, err, status = run_ruby(code)
-    assert status.success?, "stderr: #{err}"
-    assert_equal "[0, \"w0,w1\", true]\n", out
+    assert_ruby_prints "[0, \"w0,w1\", true]\n", code
   end
 
   # Forks land at any point of the timer's tick, mid-drain included: every
@@ -246,9 +242,7 @@ class TestThreads < Minitest::Test
       r = Strobe.results
       puts [statuses.uniq, r[:threads].size >= 5].inspect
     RUBY
-    out, err, status = run_ruby(code, timeout: 120)
-    assert status.success?, "status #{status.inspect}: #{err[0, 400]}"
-    assert_equal "[[0], true]\n", out
+    assert_ruby_prints "[[0], true]\n", code, timeout: 120
   end
 
   # Blocked threads are sampled without the GVL while the GVL holder
@@ -281,9 +275,7 @@ class TestThreads < Minitest::Test
       puts [r[:samples] > 100, names.all? { |n| n.is_a?(String) && !n.empty? },
             names.any? { |n| n.include?("transient_") }].inspect
     RUBY
-    out, err, status = run_ruby(code, timeout: 120)
-    assert status.success?, "status #{status.inspect}: #{err[0, 400]}"
-    assert_equal "[true, true, true]\n", out
+    assert_ruby_prints "[true, true, true]\n", code, timeout: 120
   end
 
   def test_wall_mode_does_not_interrupt_threads_that_stay_blocked
@@ -329,8 +321,6 @@ class TestThreads < Minitest::Test
       end
       puts "ok"
     RUBY
-    out, err, status = run_ruby(code)
-    assert status.success?, "status #{status.inspect}: #{err[0, 400]}"
-    assert_equal "ok\n", out
+    assert_ruby_prints "ok\n", code
   end
 end
