@@ -86,8 +86,8 @@ module Strobe
 
     # Reads a profile written by Strobe (JSON, or gzipped JSON) back into the
     # result Hash. Raises Strobe::ProfileError for a file that is not one.
-    def load(path)
-      ProfileFile.read(path)
+    def load(path, marshal: false)
+      ProfileFile.read(path, marshal: marshal)
     end
 
     # Writes a result Hash to path (or IO) in Strobe's compact JSON format.

@@ -292,3 +292,102 @@ class TestAutorun < Minitest::Test
     assert File.exist?(path("p.json"))
   end
 end
+
+# strobe report's formats, merging, -o and --marshal.
+class TestCLIReport < Minitest::Test
+  include CLITestHelpers
+
+  def raw_profile(mode: :cpu, interval: 1000)
+    result = fixture.merge(mode: mode, interval: interval, raw: [2, 1, 2, 6, 3, 1, 2, 3, 3, 1, 4, 1],
+                           raw_lines: [2, 1, 2, 6, 3, 1, 2, 7, 3, 1, 0, 1])
+    result[:frames] = result[:frames].transform_values { |f| f.except(:edges) }
+    result
+  end
+
+  def test_every_format
+    Strobe.save(raw_profile, path("p.json"))
+    {
+      %w[--files] => /main\.rb$/,
+      %w[--method Worker#spin] => /\AWorker#spin \(main\.rb:2\)\n  samples: +6 self/,
+      %w[--method /tick/] => /\AWorker#tick/,
+      %w[--graphviz] => /\Adigraph profile/,
+      %w[--graphviz --node-fraction 0.5] => /Worker#spin/,
+      %w[--callgrind] => /^events: Samples$/,
+      %w[--stackcollapse] => /^<main>;Worker#spin 6$/,
+      %w[--json] => /\A\{"version":1\.2/,
+      %w[--file main.rb] => /\Amain\.rb\n/,
+      %w[--text --select-names spin] => /Worker#spin\n\z/,
+      %w[--text --reject-names spin --reject-files /nowhere] => /Worker#tick/,
+    }.each do |options, pattern|
+      status, out, err = cli("report", path("p.json"), *options)
+      assert_equal [0, ""], [status, err], options.inspect
+      assert_match pattern, out, options.inspect
+    end
+  end
+
+  def test_output_to_a_file
+    Strobe.save(raw_profile, path("p.json"))
+    assert_equal [0, "", ""], cli("report", path("p.json"), "--stackcollapse", "-o", path("out.txt"))
+    assert_includes File.read(path("out.txt")), "<main>;Worker#spin 6\n"
+    status, _, err = cli("report", path("p.json"), "-o", path("no/such/dir/out.txt"))
+    assert_equal 1, status
+    assert_one_error_line err, /cannot write .*out\.txt/
+  end
+
+  def test_several_files_are_merged
+    Strobe.save(raw_profile, path("a.json"))
+    Strobe.save(raw_profile, path("b.json.gz"))
+    status, out, err = cli("report", path("a.json"), path("b.json.gz"), "--stackcollapse")
+    assert_equal [0, ""], [status, err]
+    assert_equal ["<main>;Worker#spin 12\n", "<main>;Worker#spin;Worker#tick 6\n", "(garbage collection) 2\n"].sort,
+                 out.lines.sort
+    status, out, = cli("report", path("a.json"), path("b.json.gz"))
+    assert_equal 0, status
+    assert_match(/Samples: 20 /, out)
+  end
+
+  def test_files_of_different_modes_are_not_merged
+    Strobe.save(raw_profile, path("a.json"))
+    Strobe.save(raw_profile(mode: :wall), path("b.json"))
+    status, out, err = cli("report", path("a.json"), path("b.json"))
+    assert_equal [1, ""], [status, out]
+    assert_one_error_line err, /cannot merge .*b\.json \(mode wall\) with .*a\.json \(mode cpu\)/
+    Strobe.save(raw_profile(interval: 10), path("c.json"))
+    _, _, err = cli("report", path("a.json"), path("c.json"))
+    assert_one_error_line err, /interval 10/
+  end
+
+  # stackprof's own dumps are Marshal data: loaded only when asked, with a warning.
+  def test_marshal_dumps_only_with_marshal
+    File.binwrite(path("stackprof.dump"), Marshal.dump(raw_profile))
+    status, _, err = cli("report", path("stackprof.dump"))
+    assert_equal 1, status
+    assert_one_error_line err, /Marshal.*--marshal/
+    status, out, err = cli("report", "--marshal", path("stackprof.dump"))
+    assert_equal 0, status, err
+    assert_one_error_line err, /warning: loading .*stackprof\.dump with Marshal, which can run code/
+    assert_match(/Worker#spin/, out)
+    File.binwrite(path("bad.dump"), Marshal.dump([1, 2]))
+    status, _, err = cli("report", "--marshal", path("bad.dump"))
+    assert_equal 1, status
+    assert_match(/not a profile/, err)
+  end
+
+  def test_format_errors_are_one_line
+    Strobe.save(fixture, path("p.json"))
+    [
+      [%w[--text --files], /one format at a time \(got --text and --files\)/],
+      [%w[--stackcollapse], /needs per-sample data/],
+      [%w[--method Nope#nope], /no method named "Nope#nope"/],
+      [%w[--method /(/], /--method \/\(\/: /],
+      [%w[--select-names (], /invalid argument/],
+      [%w[--node-fraction 2 --graphviz], /must be from 0 to 1/],
+      [%w[--file nowhere.rb], /no samples in a file matching nowhere\.rb/],
+    ].each do |options, pattern|
+      status, out, err = cli("report", path("p.json"), *options)
+      assert_equal [1, ""], [status, out], options.inspect
+      assert_one_error_line err, pattern
+    end
+  end
+end
+

@@ -184,4 +184,5 @@ Init_strobe(void)
 #endif
     strobe_compact_define(mNative);
     strobe_subset_define(mNative);
+    strobe_report_define(mNative);
 }

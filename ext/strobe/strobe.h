@@ -347,6 +347,10 @@ void strobe_compact_define(VALUE mNative);
 
 void strobe_subset_define(VALUE mNative);
 
+/* ---- report.c --------------------------------------------------------------- */
+
+void strobe_report_define(VALUE mNative);
+
 /* ---- strobe.c ------------------------------------------------------------- */
 
 extern VALUE strobe_eProfileError;

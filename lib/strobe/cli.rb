@@ -4,12 +4,13 @@ require "optparse"
 require_relative "version"
 require_relative "options"
 require_relative "report"
+require_relative "merge"
 
 module Strobe
   # The `strobe` command line:
   #
   #   strobe run [options] [--] COMMAND...   profile COMMAND, then report
-  #   strobe report [options] FILE           report a saved profile
+  #   strobe report [options] FILE...        report on saved profiles
   #
   # Strobe::CLI.new(argv).run returns the exit status instead of exiting, and
   # reports every problem as one `strobe: ...` line on err, never a backtrace.
@@ -162,7 +163,7 @@ module Strobe
       end
 
       @out.puts "strobe: profile written to #{out}"
-      report_status = print_report(out, limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+      report_status = print_report([out], limit: settings[:limit], sort_by_total: settings[:sort_by_total])
       report_status.zero? ? child_status : report_status
     end
 
@@ -192,56 +193,171 @@ module Strobe
 
     # --- strobe report -------------------------------------------------------
 
+    # The report formats: option => [Report method, description].
+    FORMATS = {
+      text: "Frames by self samples, stackprof's text layout (the default)",
+      files: "Samples per source file",
+      file: "Annotated source of the files whose path ends with PATH (--file PATH)",
+      method: "Callers, callees and annotated source of METHOD (--method NAME; /regexp/ for a Regexp)",
+      graphviz: "Call graph in Graphviz DOT (render with dot -Tsvg)",
+      callgrind: "Callgrind format, for KCachegrind or callgrind_annotate",
+      stackcollapse: "Folded stacks for flamegraph.pl, inferno or speedscope (needs --raw)",
+      json: "The profile as stackprof-layout JSON",
+      flamegraph: "A self-contained HTML flamegraph with zoom, search and a timeline (needs --raw)",
+    }.freeze
+
     def report_command(args)
-      settings = { limit: nil, sort_by_total: false, thread: nil }
+      settings = { limit: nil, sort_by_total: false, thread: nil, format: nil, filters: {}, node_fraction: 0.005 }
       report_parser(settings).parse!(args)
       raise UsageError, "report: no FILE given (see strobe report --help)" if args.empty?
-      raise UsageError, "report: expected one FILE, got #{args.size}: #{args.join(' ')}" if args.size > 1
 
-      print_report(args.first, **settings)
+      print_report(args, **settings)
     end
 
     def report_parser(settings)
       OptionParser.new do |parser|
-        parser.banner = "Usage: strobe report [options] FILE"
+        parser.banner = "Usage: strobe report [options] FILE..."
         parser.separator ""
-        parser.separator "Prints the text report of a profile written by Strobe (JSON, or gzipped JSON)."
+        parser.separator "Reports on profiles written by Strobe (JSON, or gzipped JSON). Several files of the same"
+        parser.separator "mode and interval are merged into one report."
+        parser.separator ""
+        parser.separator "Formats (one):"
+        format_options(parser, settings)
         parser.separator ""
         parser.separator "Options:"
-        parser.on("--text", "Text report: frames by self samples (the default and only format)")
         report_options(parser, settings)
+        parser.on("--node-fraction F", Float, "For --graphviz: leave out frames under this fraction of the samples " \
+                                              "(default 0.005)") do |f|
+          raise OptionParser::InvalidArgument, "#{f} (must be from 0 to 1)" unless f.between?(0, 1)
+
+          settings[:node_fraction] = f
+        end
+        filter_options(parser, settings)
         parser.on("--thread ID", Integer, "Only the samples of thread ID (a key of the profile's threads; needs --raw)") do |id|
           settings[:thread] = id
         end
+        parser.on("-o", "--out FILE", "Write the report to FILE instead of standard output") { |f| settings[:out] = f }
+        parser.on("--marshal", "Also load Marshal dumps (stackprof's format). Marshal data can run code: " \
+                               "only for files you trust") { settings[:marshal] = true }
         common_options(parser)
       end
     end
 
-    def print_report(path, limit:, sort_by_total:, thread: nil)
-      result = load_profile(path)
-      return 1 unless result
+    def format_options(parser, settings)
+      chosen = lambda do |format, value = true|
+        if settings[:format] && settings[:format] != format
+          raise UsageError, "report: one format at a time (got --#{settings[:format]} and --#{format})"
+        end
+
+        settings[:format] = format
+        settings[:format_arg] = value
+      end
+      FORMATS.each do |format, description|
+        case format
+        when :file then parser.on("--file PATH", description) { |path| chosen.(format, path) }
+        when :method then parser.on("--method NAME", description) { |name| chosen.(format, name) }
+        else parser.on("--#{format}", description) { chosen.(format) }
+        end
+      end
+    end
+
+    def filter_options(parser, settings)
+      {
+        select_files: ["--select-files PATH", "Only frames in files under PATH (repeatable)"],
+        reject_files: ["--reject-files PATH", "Leave out frames in files under PATH (repeatable)"],
+        select_names: ["--select-names REGEXP", "Only frames whose name matches REGEXP (repeatable)"],
+        reject_names: ["--reject-names REGEXP", "Leave out frames whose name matches REGEXP (repeatable)"],
+      }.each do |key, (switch, description)|
+        parser.on(switch, description) do |value|
+          value = to_regexp(value) if key.to_s.end_with?("names")
+          (settings[:filters][key] ||= []) << value
+        end
+      end
+    end
+
+    def to_regexp(source)
+      Regexp.new(source)
+    rescue RegexpError => e
+      raise OptionParser::InvalidArgument, "#{source} (#{e.message})"
+    end
+
+    # Loads, merges and reports; returns the exit status.
+    def print_report(paths, limit:, sort_by_total:, thread: nil, format: nil, format_arg: nil, filters: {},
+                     node_fraction: 0.005, out: nil, marshal: false)
+      results = []
+      paths.each do |path|
+        result = load_profile(path, marshal: marshal)
+        return 1 unless result # its one error line is printed
+
+        results << result
+      end
 
       begin
-        report = Report.new(result, thread: thread)
+        result = Merge.results(results, paths)
+        report = Report.new(result, thread: thread, **filters)
+        write_report(out) do |io|
+          render(report, io, format || :text, format_arg, limit: limit, sort_by_total: sort_by_total,
+                                                          node_fraction: node_fraction)
+        end
       rescue ArgumentError, Strobe::ProfileError => e
-        error "cannot report on #{path}: #{e.message}"
-        return 1
+        error "cannot report on #{paths.join(', ')}: #{e.message}"
       end
-      report.print_text(@out, limit: limit, sort_by_total: sort_by_total)
+    end
+
+    def render(report, io, format, arg, limit:, sort_by_total:, node_fraction:)
+      case format
+      when :text then report.print_text(io, limit: limit, sort_by_total: sort_by_total)
+      when :files then report.print_files(io, limit: limit, sort_by_total: sort_by_total)
+      when :file then report.print_file(io, arg)
+      when :method then report.print_method(io, method_pattern(arg))
+      when :graphviz then report.print_graphviz(io, node_fraction: node_fraction)
+      else report.public_send("print_#{format}", io)
+      end
       0
     end
 
-    def load_profile(path)
+    # "/re/" is a Regexp; anything else an exact name.
+    def method_pattern(name)
+      return name unless name.length > 2 && name.start_with?("/") && name.end_with?("/")
+
+      Regexp.new(name[1..-2])
+    rescue RegexpError => e
+      raise ArgumentError, "--method #{name}: #{e.message}"
+    end
+
+    # Yields standard output, or a file written whole (a temporary file
+    # renamed into place, so a failed report leaves no half file).
+    def write_report(path)
+      return yield(@out) unless path
+
+      tmp = "#{path}.#{Process.pid}.tmp"
+      status = File.open(tmp, "w") { |file| yield(file) }
+      File.rename(tmp, path)
+      status
+    rescue SystemCallError => e
+      error "cannot write #{path}: #{system_reason(e)}"
+    ensure
+      File.unlink(tmp) if tmp && File.exist?(tmp)
+    end
+
+    def load_profile(path, marshal: false)
       return nil unless require_engine
 
       begin
-        result = Strobe.load(path)
+        @err.puts "strobe: warning: loading #{path} with Marshal, which can run code from the file" if marshal && marshal_file?(path)
+        result = Strobe.load(path, marshal: marshal)
         Report.new(result) # checks the shape
         result
       rescue Strobe::ProfileError, SystemCallError, ArgumentError => e
         error "cannot read profile #{path}: #{load_failure_reason(e, path)}"
         nil
       end
+    end
+
+    def marshal_file?(path)
+      File.open(path, "rb") { |f| f.read(2) } == ProfileFile::MARSHAL_MAGIC
+    rescue SystemCallError
+      false
     end
 
     # Why a profile could not be read, without repeating its path.
@@ -299,7 +415,8 @@ module Strobe
         Commands:
           run [options] [--] COMMAND...   Profile COMMAND (e.g. `ruby app.rb`), write the profile
                                           (default: #{DEFAULT_OUT}) and print its report
-          report [options] FILE           Print the text report of a saved profile
+          report [options] FILE...        Report on saved profiles: text, files, method, graphviz,
+                                          callgrind, stackcollapse, json or flamegraph
           help [COMMAND]                  Show help for a command
 
         Options:

@@ -44,22 +44,26 @@ module Strobe
       path
     end
 
-    def read(path)
+    # marshal: true also loads a Marshal dump (what stackprof writes); only
+    # for files one trusts, since loading Marshal data can run code.
+    def read(path, marshal: false)
       bytes = File.binread(path)
-      parse(bytes, path.to_s)
+      parse(bytes, path.to_s, marshal: marshal)
     rescue SystemCallError => e
       raise ProfileError, "#{path}: #{e.message.sub(/ @ \w+ - .*\z/, '')}"
     end
 
     # Parses the bytes of a profile file. name is used in error messages.
-    def parse(bytes, name = "profile")
+    def parse(bytes, name = "profile", marshal: false)
       raise ProfileError, "#{name}: file is empty" if bytes.empty?
 
-      if bytes.start_with?(MARSHAL_MAGIC)
-        raise ProfileError, "#{name}: a Marshal dump (stackprof's format); Strobe does not load Marshal data, " \
-                            "which can run code"
-      end
       bytes = gunzip(bytes, name) if bytes.start_with?(GZIP_MAGIC)
+      if bytes.start_with?(MARSHAL_MAGIC)
+        return load_marshal(bytes, name) if marshal
+
+        raise ProfileError, "#{name}: a Marshal dump (stackprof's format); Strobe loads Marshal data only " \
+                            "when asked (--marshal), since it can run code"
+      end
       doc = begin
         JSON.parse(bytes, symbolize_names: true)
       rescue JSON::ParserError, EncodingError
@@ -73,6 +77,17 @@ module Strobe
         # A value of the wrong JSON type somewhere in the document.
         raise ProfileError, "#{name}: malformed profile (#{e.message.lines.first.chomp})"
       end
+    end
+
+    def load_marshal(bytes, name)
+      result = Marshal.load(bytes) # rubocop:disable Security/MarshalLoad -- the caller opted in
+      unless result.is_a?(Hash) && result[:frames].is_a?(Hash)
+        raise ProfileError, "#{name}: the Marshal dump is not a profile"
+      end
+
+      result
+    rescue TypeError, ArgumentError, EncodingError => e
+      raise ProfileError, "#{name}: not a valid Marshal dump (#{e.message.lines.first.chomp})"
     end
 
     def gunzip(bytes, name)

@@ -1,13 +1,27 @@
 # frozen_string_literal: true
 
+require_relative "report_source"
+
 module Strobe
-  # Turns a result Hash (stackprof 0.2.27's shape, as returned by Strobe.run
-  # or Strobe.load) into a text report.
+  # Reports on a result Hash (stackprof 0.2.27's shape, as returned by
+  # Strobe.run or Strobe.load):
   #
-  #   Strobe::Report.new(result).print_text($stdout, limit: 20)
+  #   report = Strobe::Report.new(result)
+  #   report.print_text($stdout, limit: 20)
+  #   report.print_method($stdout, "Foo#bar")
+  #   report.print_flamegraph(File.open("flame.html", "w"))
   #
-  # The data side (#rows, #miss_rate, ...) is kept apart from the printing
-  # side (#print_text), so other presentations can reuse it.
+  # Work that grows with the frames or the samples (sorting and formatting
+  # rows, walking the raw stacks, call graphs) is done in C
+  # (Strobe::Native.report_*); this class prepares the filters and prints
+  # what is small.
+  #
+  # Filters, as stackprof's: select_files/reject_files keep or drop frames
+  # whose file starts with one of the given paths (expanded);
+  # select_names/reject_names keep or drop frames whose name matches one of
+  # the given Regexps (or Strings, matched as substrings). A dropped frame is
+  # left out of the tables and of every stack (its samples count for its
+  # nearest kept caller).
   class Report
     # One line of the table: a frame with its total (inclusive) and self
     # sample counts.
@@ -15,16 +29,20 @@ module Strobe
 
     RULE = "=================================="
     HEADER_FORMAT = "%10s    (pct)  %10s    (pct)     FRAME\n"
-    ROW_FORMAT = "%10d %8s  %10d %8s     %s\n"
+    FILTERS = %i[select_files reject_files select_names reject_names].freeze
 
     # thread: a thread id (a key of result[:threads]) restricts the report to
     # that thread's samples; it needs the per-sample data of raw: true.
-    def initialize(result, thread: nil)
+    def initialize(result, thread: nil, **filters)
       unless result.is_a?(Hash) && (result[:frames].nil? || result[:frames].is_a?(Hash))
         raise ArgumentError, "not a Strobe result: expected a Hash with a :frames Hash, got #{result.class}"
       end
+      unknown = filters.keys - FILTERS
+      raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')}" unless unknown.empty?
 
       @result = thread.nil? ? result : self.class.thread_result(result, thread)
+      @result = @result.merge(frames: {}) if @result[:frames].nil?
+      @filters = filters.transform_values { |v| Array(v) }.reject { |_, v| v.empty? }
     end
 
     # The result of one thread, derived (in C) from a result with raw data.
@@ -82,27 +100,22 @@ module Strobe
       samples.zero? ? 0.0 : 100.0 * count / samples
     end
 
-    # The frames as Rows, sorted by self samples (or by total samples with
-    # sort_by_total), most first; ties are ordered by name, then location, so
-    # the output is the same from run to run. limit keeps the first rows.
+    # The kept frames as Rows, sorted by self samples (or by total samples
+    # with sort_by_total), most first; ties by name, then id, so the output
+    # is the same from run to run. limit keeps the first rows.
     def rows(limit: nil, sort_by_total: false)
-      if limit && !(limit.is_a?(Integer) && limit >= 0)
-        raise ArgumentError, "limit must be a non-negative Integer, got #{limit.inspect}"
-      end
-
+      check_limit(limit)
       all = frames.map do |id, frame|
         Row.new(id: id, name: frame[:name].to_s, file: frame[:file].to_s, line: frame[:line],
                 total: frame[:total_samples].to_i, self_samples: frame[:samples].to_i)
       end
-      sorted = all.sort_by do |row|
-        count = sort_by_total ? row.total : row.self_samples
-        [-count, row.name, row.file, row.line.to_i, row.id.to_s]
-      end
+      sorted = all.sort_by { |row| [-(sort_by_total ? row.total : row.self_samples), row.name, row.id] }
       limit ? sorted.first(limit) : sorted
     end
 
     # Prints the header and the frame table in stackprof's text layout.
     def print_text(io = $stdout, limit: nil, sort_by_total: false)
+      check_limit(limit)
       print_header(io)
       if samples.zero?
         io.puts "  No samples were collected."
@@ -110,16 +123,175 @@ module Strobe
       end
 
       io.printf(HEADER_FORMAT, "TOTAL", "SAMPLES")
-      rows(limit: limit, sort_by_total: sort_by_total).each do |row|
-        io.printf(ROW_FORMAT, row.total, format_percent(row.total), row.self_samples,
-                  format_percent(row.self_samples), row.name)
+      io.write(Native.report_text(@result, kept_ids, sort_by_total, limit))
+    end
+
+    # Samples per source file, most self samples first: total counts the
+    # samples with one of the file's frames anywhere on the stack (once per
+    # sample), self those with one on top. Without raw data only self is
+    # known (total is shown as "-").
+    def print_files(io = $stdout, limit: nil, sort_by_total: false)
+      check_limit(limit)
+      list = if @result[:raw].is_a?(Array)
+               Native.report_files(@result, kept_ids)
+             else
+               frames.values.group_by { |f| f[:file].to_s }.map { |file, fs| [file, nil, fs.sum { |f| f[:samples].to_i }] }
+             end
+      list = list.sort_by { |file, total, self_count| [-(sort_by_total ? total.to_i : self_count), file] }
+      list = list.first(limit) if limit
+      list.each do |file, total, self_count|
+        total_columns = total ? format("%10d %8s", total, format_percent(total)) : format("%10s %8s", "-", "")
+        io.printf("%s  %10d %8s     %s\n", total_columns, self_count, format_percent(self_count),
+                  file.empty? ? "(no file)" : file)
       end
+    end
+
+    # The source of every file whose path ends with path, annotated with the
+    # samples of each line.
+    def print_file(io = $stdout, path)
+      matches = frames.values.map { |f| f[:file].to_s }.uniq.select { |file| file == path || file.end_with?("/#{path}") }
+      raise ArgumentError, "no samples in a file matching #{path}" if matches.empty?
+
+      matches.sort.each do |file|
+        lines = Hash.new { |h, k| h[k] = [0, 0] }
+        frames.each_value do |frame|
+          next unless frame[:file].to_s == file
+
+          (frame[:lines] || {}).each do |line, (total, self_count)|
+            lines[line][0] += total.to_i
+            lines[line][1] += self_count.to_i
+          end
+        end
+        io.puts file
+        ReportSource.new(file, lines, self).print(io, 1..)
+      end
+    end
+
+    # A method's callers and callees with counts and percentages, and its
+    # source annotated line by line, for every frame whose name equals name
+    # (or matches it, for a Regexp).
+    def print_method(io = $stdout, name)
+      matching = frames.select { |_, f| name.is_a?(Regexp) ? f[:name].to_s.match?(name) : f[:name].to_s == name }
+      raise ArgumentError, "no method named #{name.inspect} in this profile" if matching.empty?
+
+      callers = Hash.new { |h, k| h[k] = Hash.new(0) }
+      frames.each do |caller_id, frame|
+        (frame[:edges] || {}).each { |callee, count| callers[callee][caller_id] += count if matching.key?(callee) }
+      end
+      matching.sort_by { |id, f| [-f[:total_samples].to_i, f[:name].to_s, id] }.each do |id, frame|
+        print_method_frame(io, id, frame, callers[id])
+      end
+    end
+
+    # A Graphviz (DOT) call graph: frames with at least node_fraction of all
+    # samples in total; render with `dot -Tsvg`.
+    def print_graphviz(io = $stdout, node_fraction: 0.005)
+      unless node_fraction.is_a?(Numeric) && node_fraction >= 0 && node_fraction <= 1
+        raise ArgumentError, "node_fraction must be a number from 0 to 1, got #{node_fraction.inspect}"
+      end
+
+      io.write(Native.report_graphviz(@result, kept_ids, node_fraction.to_f))
+    end
+
+    # The callgrind format, for KCachegrind and callgrind_annotate.
+    def print_callgrind(io = $stdout)
+      io.write(Native.report_callgrind(@result, kept_ids))
+    end
+
+    # Folded stacks ("root;...;leaf count" a line) for flamegraph.pl,
+    # inferno or speedscope; needs raw data.
+    def print_stackcollapse(io = $stdout)
+      io.write(Native.report_folded(@result, kept_ids))
+    end
+
+    # The result as JSON, in stackprof's layout (what `stackprof --json`
+    # writes).
+    def print_json(io = $stdout)
+      require "json"
+      io.puts JSON.generate(@result, max_nesting: false)
+    end
+
+    # A self-contained HTML flamegraph (no network access needed): zoom,
+    # search, tooltips, and a timeline view besides the aggregated one.
+    # Needs raw data.
+    def print_flamegraph(io = $stdout, title: nil)
+      require_relative "flamegraph"
+      Flamegraph.new(self, title: title).write(io)
+    end
+
+    # The stack tree of the raw samples, after the filters (see
+    # Native.report_tree).
+    def stack_tree
+      Native.report_tree(@result, kept_ids)
+    end
+
+    def frames
+      all = @result[:frames] || {}
+      keep = kept_ids
+      keep ? all.select { |id, _| keep.key?(id) } : all
+    end
+
+    def format_percent(count)
+      format("(%2.1f%%)", percent(count))
     end
 
     private
 
-    def frames
-      @result[:frames] || {}
+    def check_limit(limit)
+      return if limit.nil? || (limit.is_a?(Integer) && limit >= 0)
+
+      raise ArgumentError, "limit must be a non-negative Integer, got #{limit.inspect}"
+    end
+
+    # nil (every frame), or a Hash of the ids of the frames the filters keep.
+    def kept_ids
+      return nil if @filters.empty?
+
+      @kept_ids ||= (@result[:frames] || {}).each_with_object({}) do |(id, frame), keep|
+        keep[id] = true if kept?(frame)
+      end
+    end
+
+    def kept?(frame)
+      file = frame[:file].to_s
+      name = frame[:name].to_s
+      prefixes = ->(key) { @filters[key].map { |path| File.expand_path(path) } }
+      patterns = ->(key) { @filters[key].map { |p| p.is_a?(Regexp) ? p : Regexp.new(Regexp.escape(p.to_s)) } }
+      return false if @filters[:select_files] && prefixes.(:select_files).none? { |path| file.start_with?(path) }
+      return false if @filters[:reject_files] && prefixes.(:reject_files).any? { |path| file.start_with?(path) }
+      return false if @filters[:select_names] && patterns.(:select_names).none? { |re| re.match?(name) }
+      return false if @filters[:reject_names] && patterns.(:reject_names).any? { |re| re.match?(name) }
+
+      true
+    end
+
+    def print_method_frame(io, id, frame, callers)
+      total = frame[:total_samples].to_i
+      self_count = frame[:samples].to_i
+      location = frame[:line] ? "#{frame[:file]}:#{frame[:line]}" : frame[:file].to_s
+      io.puts "#{frame[:name]} (#{location})"
+      io.printf("  samples: %6d self %8s  / %6d total %8s\n", self_count, format_percent(self_count), total,
+                format_percent(total))
+      print_neighbours(io, "callers", callers)
+      print_neighbours(io, "callees", frame[:edges] || {})
+      lines = frame[:lines] || {}
+      return if lines.empty? || frame[:file].to_s.empty?
+
+      io.puts "  code:"
+      first = frame[:line] || lines.keys.min
+      ReportSource.new(frame[:file].to_s, lines, self).print(io, first..lines.keys.max, indent: "  ")
+    end
+
+    def print_neighbours(io, label, counts)
+      all = @result[:frames] || {}
+      shown = counts.select { |id, _| all.key?(id) && (kept_ids.nil? || kept_ids.key?(id)) }
+      return if shown.empty?
+
+      sum = shown.values.sum
+      io.puts "  #{label} (#{sum} total):"
+      shown.sort_by { |id, count| [-count, all[id][:name].to_s] }.each do |id, count|
+        io.printf("    %6d  (%5.1f%%)  %s\n", count, 100.0 * count / sum, all[id][:name])
+      end
     end
 
     def print_header(io)
@@ -155,10 +327,6 @@ module Strobe
 
     def modeline
       interval.nil? ? mode : "#{mode}(#{interval})"
-    end
-
-    def format_percent(count)
-      format("(%2.1f%%)", percent(count))
     end
   end
 end

@@ -1,0 +1,824 @@
+/*
+ * report.c - the report engine: the per-frame and per-sample work of every
+ * report, in C, on a result Hash (stackprof's shape).
+ *
+ * A report loads the result's frames into a flat array (report_load),
+ * keeping only the frames a filter lets through (a Hash of kept frame ids,
+ * or nil for all), with a frame id -> position table. On it:
+ *   - text rows: sorted by self (or total) samples, formatted in one buffer;
+ *   - Graphviz and callgrind output from the frames' edges and lines;
+ *   - a stack tree from the raw samples: each raw stack is interned into a
+ *     prefix tree of frames (lines ignored), reusing the previous stack's
+ *     common part, with per-node self and total counts and the time-ordered
+ *     leaf nodes, run-length encoded. Frames a filter drops are left out of
+ *     the stacks (their samples go to the nearest kept caller). Folded
+ *     stacks and the flamegraph data come from it.
+ * Output goes into Ruby Strings; numbers written per line are formatted by
+ * hand.
+ *
+ * Every id and count read from the result is checked: malformed data raises
+ * Strobe::ProfileError. GVL held; not signal-safe.
+ */
+#include "strobe.h"
+#include <ruby/st.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+
+#define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
+
+typedef struct {
+    char *buf;
+    size_t len, capa;
+} out_t;
+
+typedef struct {
+    VALUE id, name, file;
+    long line;               /* -1 when absent */
+    uint64_t total, self;
+    VALUE edges, lines;      /* Hashes or nil */
+} rframe_t;
+
+typedef struct {
+    VALUE result, keep;
+    int details;             /* load file, line, edges and lines too */
+    rframe_t *frames;
+    long len, capa;
+    st_table *index;         /* Fixnum frame id -> position in frames */
+    uint64_t samples;
+    /* the stack tree (report_tree) */
+    uint32_t *parent, *frame;
+    uint64_t *self, *total;
+    uint32_t nodes, nodes_capa;
+    st_table *children;      /* (parent << 32 | frame) -> node */
+    uint32_t *runs_node;
+    uint64_t *runs_count;
+    size_t runs, runs_capa;
+    VALUE *prev_ids;         /* the previous raw stack's frame ids */
+    uint32_t *path;          /* path[k]: its node after level k (path[0]: root) */
+    long path_capa;
+    out_t out;               /* the output being written */
+    void *scratch[3];        /* a report's own buffers, freed with it */
+} report_t;
+
+static VALUE sym_name, sym_file, sym_line, sym_total_samples, sym_samples, sym_edges, sym_lines,
+    sym_frames, sym_raw;
+
+/* ---- loading ---------------------------------------------------------------- */
+
+static uint64_t
+count_of(VALUE v, const char *what)
+{
+    if (NIL_P(v)) return 0;
+    if (FIXNUM_P(v) && FIX2LONG(v) >= 0) return (uint64_t)FIX2LONG(v);
+    if (RB_TYPE_P(v, T_BIGNUM) && RTEST(rb_funcall(v, rb_intern(">="), 1, INT2FIX(0))) &&
+        rb_absint_size(v, NULL) <= sizeof(uint64_t))
+        return NUM2ULL(v);
+    CORRUPT("%s is not a non-negative integer: %+"PRIsVALUE, what, v);
+}
+
+static int
+load_frame(VALUE id, VALUE frame, VALUE arg)
+{
+    report_t *r = (report_t *)arg;
+    if (!FIXNUM_P(id)) CORRUPT("frame id %+"PRIsVALUE" is not an integer", id);
+    if (!NIL_P(r->keep) && !RTEST(rb_hash_lookup2(r->keep, id, Qfalse))) return ST_CONTINUE;
+    if (!RB_TYPE_P(frame, T_HASH)) CORRUPT("frame %+"PRIsVALUE" is not a Hash", id);
+    if (r->len == r->capa) {
+        r->capa = r->capa ? r->capa * 2 : 256;
+        REALLOC_N(r->frames, rframe_t, r->capa);
+    }
+    rframe_t *f = &r->frames[r->len];
+    f->id = id;
+    f->name = rb_hash_lookup2(frame, sym_name, Qnil);
+    if (!RB_TYPE_P(f->name, T_STRING)) f->name = rb_obj_as_string(f->name);
+    f->total = count_of(rb_hash_lookup2(frame, sym_total_samples, Qnil), "total_samples");
+    f->self = count_of(rb_hash_lookup2(frame, sym_samples, Qnil), "samples");
+    f->file = f->edges = f->lines = Qnil;
+    f->line = -1;
+    if (r->details) {
+        f->file = rb_hash_lookup2(frame, sym_file, Qnil);
+        if (!RB_TYPE_P(f->file, T_STRING)) f->file = NIL_P(f->file) ? rb_str_new(0, 0) : rb_obj_as_string(f->file);
+        VALUE line = rb_hash_lookup2(frame, sym_line, Qnil);
+        f->line = FIXNUM_P(line) ? FIX2LONG(line) : -1;
+        f->edges = rb_hash_lookup2(frame, sym_edges, Qnil);
+        f->lines = rb_hash_lookup2(frame, sym_lines, Qnil);
+        if (!NIL_P(f->edges) && !RB_TYPE_P(f->edges, T_HASH)) CORRUPT("edges of frame %+"PRIsVALUE" is not a Hash", id);
+        if (!NIL_P(f->lines) && !RB_TYPE_P(f->lines, T_HASH)) CORRUPT("lines of frame %+"PRIsVALUE" is not a Hash", id);
+    }
+    if (r->index) st_insert(r->index, (st_data_t)id, (st_data_t)r->len);
+    r->len++;
+    return ST_CONTINUE;
+}
+
+static void
+report_load(report_t *r, VALUE result, VALUE keep, int details)
+{
+    if (!RB_TYPE_P(result, T_HASH)) CORRUPT("not a result Hash");
+    if (!NIL_P(keep)) Check_Type(keep, T_HASH);
+    VALUE frames = rb_hash_lookup2(result, sym_frames, Qnil);
+    if (!RB_TYPE_P(frames, T_HASH)) CORRUPT("the result has no frames Hash");
+    r->result = result;
+    r->keep = keep;
+    r->details = details;
+    if (details) r->index = st_init_numtable(); /* text needs no lookups by id */
+    r->samples = count_of(rb_hash_lookup2(result, sym_samples, Qnil), "samples");
+    rb_hash_foreach(frames, load_frame, (VALUE)r);
+}
+
+static VALUE
+report_free(VALUE arg)
+{
+    report_t *r = (report_t *)arg;
+    xfree(r->frames);
+    if (r->index) st_free_table(r->index);
+    if (r->children) st_free_table(r->children);
+    xfree(r->parent); xfree(r->frame); xfree(r->self); xfree(r->total);
+    xfree(r->runs_node); xfree(r->runs_count);
+    xfree(r->prev_ids); xfree(r->path);
+    xfree(r->out.buf);
+    for (int i = 0; i < 3; i++) xfree(r->scratch[i]);
+    return Qnil;
+}
+
+/* Position of a kept frame, or -1 (dropped by the filter, or unknown when
+ * unknown_ok). */
+static long
+frame_pos(const report_t *r, VALUE id, int unknown_ok)
+{
+    st_data_t pos;
+    if (FIXNUM_P(id) && st_lookup(r->index, (st_data_t)id, &pos)) return (long)pos;
+    if (!unknown_ok && NIL_P(r->keep)) CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", id);
+    return -1;
+}
+
+/* ---- formatting --------------------------------------------------------------- */
+
+static void
+out_reserve(out_t *o, size_t more)
+{
+    if (o->len + more <= o->capa) return;
+    size_t capa = o->capa ? o->capa : 4096;
+    while (capa < o->len + more) capa *= 2;
+    REALLOC_N(o->buf, char, capa);
+    o->capa = capa;
+}
+
+static void
+out_mem(out_t *o, const char *s, size_t n)
+{
+    out_reserve(o, n);
+    memcpy(o->buf + o->len, s, n);
+    o->len += n;
+}
+
+static void
+out_str(out_t *o, VALUE str)
+{
+    out_mem(o, RSTRING_PTR(str), (size_t)RSTRING_LEN(str));
+}
+
+#define OUT_LIT(o, lit) out_mem((o), (lit), sizeof(lit) - 1)
+
+/* n right-aligned in width columns (wider numbers take what they need). */
+static void
+out_u64(out_t *o, uint64_t n, int width)
+{
+    char tmp[24];
+    int len = 0;
+    do { tmp[sizeof(tmp) - 1 - len++] = (char)('0' + n % 10); n /= 10; } while (n);
+    out_reserve(o, (size_t)(len > width ? len : width));
+    for (int i = len; i < width; i++) o->buf[o->len++] = ' ';
+    memcpy(o->buf + o->len, tmp + sizeof(tmp) - len, (size_t)len);
+    o->len += (size_t)len;
+}
+
+/* "(12.3%)" right-aligned in 8 columns, exactly as Ruby's
+ * format("%8s", format("(%2.1f%%)", 100.0 * count / samples)) prints it.
+ * The tenths are count * 1000 / samples rounded in integers, which is what
+ * printf makes of the double unless the exact value is a tie (there the
+ * double's own rounding error decides, so printf is asked). */
+static void
+out_pct(out_t *o, uint64_t count, uint64_t samples)
+{
+    char tmp[32];
+    int len;
+    uint64_t tenths = 0, rem = 0;
+    if (samples && count <= UINT64_MAX / 1000) {
+        tenths = count * 1000 / samples;
+        rem = count * 1000 % samples;
+    }
+    if (!samples || count > UINT64_MAX / 1000 || rem > UINT64_MAX / 2 || rem * 2 == samples) {
+        double pct = samples ? 100.0 * (double)count / (double)samples : 0.0;
+        len = snprintf(tmp, sizeof(tmp), "(%2.1f%%)", pct);
+    } else {
+        if (rem * 2 > samples) tenths++;
+        char *p = tmp + sizeof(tmp);
+        *--p = ')';
+        *--p = '%';
+        *--p = (char)('0' + tenths % 10);
+        *--p = '.';
+        uint64_t whole = tenths / 10;
+        do { *--p = (char)('0' + whole % 10); whole /= 10; } while (whole);
+        *--p = '(';
+        len = (int)(tmp + sizeof(tmp) - p);
+        memmove(tmp, p, (size_t)len);
+    }
+    out_reserve(o, 8 + (size_t)len);
+    for (int i = len; i < 8; i++) o->buf[o->len++] = ' ';
+    memcpy(o->buf + o->len, tmp, (size_t)len);
+    o->len += (size_t)len;
+}
+
+static VALUE
+out_finish(out_t *o)
+{
+    VALUE s = rb_utf8_str_new(o->buf ? o->buf : "", (long)o->len);
+    o->len = 0;
+    return s;
+}
+
+/* ---- text ------------------------------------------------------------------------ */
+
+static int by_total;
+
+static int
+str_cmp(VALUE a, VALUE b)
+{
+    long la = RSTRING_LEN(a), lb = RSTRING_LEN(b);
+    int c = memcmp(RSTRING_PTR(a), RSTRING_PTR(b), (size_t)(la < lb ? la : lb));
+    return c ? c : (la > lb) - (la < lb);
+}
+
+/* Most samples first; ties by name, then frame id, so output is stable. */
+static int
+row_cmp(const void *pa, const void *pb)
+{
+    const rframe_t *a = pa, *b = pb;
+    uint64_t ca = by_total ? a->total : a->self, cb = by_total ? b->total : b->self;
+    if (ca != cb) return ca > cb ? -1 : 1;
+    int c = str_cmp(a->name, b->name);
+    if (c) return c;
+    return FIX2LONG(a->id) < FIX2LONG(b->id) ? -1 : FIX2LONG(a->id) > FIX2LONG(b->id);
+}
+
+typedef struct {
+    report_t *r;
+    VALUE result, keep;
+    int sort_by_total;
+    long limit;
+} text_args_t;
+
+static VALUE
+text_body(VALUE arg)
+{
+    text_args_t *a = (text_args_t *)arg;
+    report_t *r = a->r;
+    report_load(r, a->result, a->keep, 0);
+    by_total = a->sort_by_total;
+    qsort(r->frames, (size_t)r->len, sizeof(rframe_t), row_cmp);
+    long n = a->limit >= 0 && a->limit < r->len ? a->limit : r->len;
+    out_t *o = &r->out;
+    for (long i = 0; i < n; i++) {
+        const rframe_t *f = &r->frames[i];
+        out_u64(o, f->total, 10);
+        OUT_LIT(o, " ");
+        out_pct(o, f->total, r->samples);
+        OUT_LIT(o, "  ");
+        out_u64(o, f->self, 10);
+        OUT_LIT(o, " ");
+        out_pct(o, f->self, r->samples);
+        OUT_LIT(o, "     ");
+        out_str(o, f->name);
+        OUT_LIT(o, "\n");
+    }
+    return out_finish(o);
+}
+
+/* Strobe::Native.report_text(result, keep, sort_by_total, limit) -> String:
+ * the frame rows of the text report ("%10d %8s  %10d %8s     %s\n"). */
+static VALUE
+native_report_text(VALUE self, VALUE result, VALUE keep, VALUE sort_by_total, VALUE limit)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    text_args_t a = { &r, result, keep, RTEST(sort_by_total), NIL_P(limit) ? -1 : NUM2LONG(limit) };
+    return rb_ensure(text_body, (VALUE)&a, report_free, (VALUE)&r);
+}
+
+/* ---- the stack tree ------------------------------------------------------------ */
+
+static uint32_t
+tree_child(report_t *r, uint32_t parent, uint32_t frame)
+{
+    st_data_t key = ((st_data_t)parent << 32) | frame, node;
+    if (st_lookup(r->children, key, &node)) return (uint32_t)node;
+    if (r->nodes == r->nodes_capa) {
+        if (r->nodes_capa >= UINT32_MAX / 2) CORRUPT("too many distinct stacks");
+        r->nodes_capa *= 2;
+        REALLOC_N(r->parent, uint32_t, r->nodes_capa);
+        REALLOC_N(r->frame, uint32_t, r->nodes_capa);
+        REALLOC_N(r->self, uint64_t, r->nodes_capa);
+    }
+    uint32_t n = r->nodes++;
+    r->parent[n] = parent;
+    r->frame[n] = frame;
+    r->self[n] = 0;
+    st_insert(r->children, key, n);
+    return n;
+}
+
+static void
+tree_run(report_t *r, uint32_t node, uint64_t count)
+{
+    if (r->runs && r->runs_node[r->runs - 1] == node) {
+        r->runs_count[r->runs - 1] += count;
+        return;
+    }
+    if (r->runs == r->runs_capa) {
+        r->runs_capa = r->runs_capa ? r->runs_capa * 2 : 1024;
+        REALLOC_N(r->runs_node, uint32_t, r->runs_capa);
+        REALLOC_N(r->runs_count, uint64_t, r->runs_capa);
+    }
+    r->runs_node[r->runs] = node;
+    r->runs_count[r->runs++] = count;
+}
+
+static long
+raw_int(VALUE raw, long i)
+{
+    VALUE v = RARRAY_AREF(raw, i);
+    if (!FIXNUM_P(v)) CORRUPT("raw[%ld] is not an integer", i);
+    return FIX2LONG(v);
+}
+
+/* Interns every raw stack (root first, [depth, ids..., count] each) into
+ * the tree. A stack shares the previous one's path up to the first level
+ * whose frame id differs, so only the rest is looked up. */
+static void
+report_tree(report_t *r)
+{
+    VALUE raw = rb_hash_lookup2(r->result, sym_raw, Qnil);
+    if (!RB_TYPE_P(raw, T_ARRAY))
+        CORRUPT("this report needs per-sample data: profile with raw: true (strobe run --raw)");
+    r->children = st_init_numtable();
+    r->nodes_capa = 1024;
+    r->parent = ALLOC_N(uint32_t, r->nodes_capa);
+    r->frame = ALLOC_N(uint32_t, r->nodes_capa);
+    r->self = ALLOC_N(uint64_t, r->nodes_capa);
+    r->parent[0] = UINT32_MAX;
+    r->frame[0] = UINT32_MAX;
+    r->self[0] = 0;
+    r->nodes = 1;
+
+    long len = RARRAY_LEN(raw), prev_depth = 0;
+    for (long i = 0; i < len;) {
+        long depth = raw_int(raw, i);
+        /* Written so that no huge value can overflow the check. */
+        if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
+        long count = raw_int(raw, i + depth + 1);
+        if (count < 0) CORRUPT("raw has a negative count at index %ld", i + depth + 1);
+        if (depth + 1 > r->path_capa) {
+            r->path_capa = (depth + 1) * 2;
+            REALLOC_N(r->prev_ids, VALUE, r->path_capa);
+            REALLOC_N(r->path, uint32_t, r->path_capa);
+            r->path[0] = 0;
+        }
+        long k = 0, limit = depth < prev_depth ? depth : prev_depth;
+        while (k < limit && RARRAY_AREF(raw, i + 1 + k) == r->prev_ids[k]) k++;
+        uint32_t node = r->path[k];
+        for (; k < depth; k++) {
+            VALUE id = RARRAY_AREF(raw, i + 1 + k);
+            long pos = frame_pos(r, id, 0);
+            if (pos >= 0) node = tree_child(r, node, (uint32_t)pos);
+            r->prev_ids[k] = id;
+            r->path[k + 1] = node;
+        }
+        prev_depth = depth;
+        r->self[node] += (uint64_t)count;
+        if (count) tree_run(r, node, (uint64_t)count);
+        i += depth + 2;
+    }
+
+    r->total = ALLOC_N(uint64_t, r->nodes);
+    memcpy(r->total, r->self, sizeof(uint64_t) * r->nodes);
+    for (uint32_t n = r->nodes; n-- > 1;) r->total[r->parent[n]] += r->total[n];
+}
+
+typedef struct {
+    report_t *r;
+    VALUE result, keep;
+    double node_fraction;
+} report_args_t;
+
+static VALUE
+u32_array(const uint32_t *v, size_t n, int root_as_minus_one)
+{
+    VALUE a = rb_ary_new_capa((long)n);
+    for (size_t i = 0; i < n; i++)
+        rb_ary_push(a, root_as_minus_one && v[i] == UINT32_MAX ? INT2FIX(-1) : UINT2NUM(v[i]));
+    return a;
+}
+
+static VALUE
+u64_array(const uint64_t *v, size_t n)
+{
+    VALUE a = rb_ary_new_capa((long)n);
+    for (size_t i = 0; i < n; i++) rb_ary_push(a, ULL2NUM(v[i]));
+    return a;
+}
+
+static VALUE
+tree_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    report_t *r = a->r;
+    report_load(r, a->result, a->keep, 1);
+    report_tree(r);
+    VALUE ids = rb_ary_new_capa(r->len);
+    for (long i = 0; i < r->len; i++) rb_ary_push(ids, r->frames[i].id);
+    VALUE h = rb_hash_new();
+    rb_hash_aset(h, ID2SYM(rb_intern("frame_ids")), ids);
+    rb_hash_aset(h, ID2SYM(rb_intern("parent")), u32_array(r->parent, r->nodes, 1));
+    rb_hash_aset(h, ID2SYM(rb_intern("frame")), u32_array(r->frame, r->nodes, 1));
+    rb_hash_aset(h, ID2SYM(rb_intern("self")), u64_array(r->self, r->nodes));
+    rb_hash_aset(h, ID2SYM(rb_intern("total")), u64_array(r->total, r->nodes));
+    rb_hash_aset(h, ID2SYM(rb_intern("run_nodes")), u32_array(r->runs_node, r->runs, 0));
+    rb_hash_aset(h, ID2SYM(rb_intern("run_counts")), u64_array(r->runs_count, r->runs));
+    return h;
+}
+
+/* Strobe::Native.report_tree(result, keep) -> {frame_ids:, parent:, frame:,
+ * self:, total:, run_nodes:, run_counts:}: the stack tree of the raw
+ * samples (node 0 the root, parent -1; frame indexes frame_ids) and the
+ * samples in time order as runs of leaf nodes. */
+static VALUE
+native_report_tree(VALUE self, VALUE result, VALUE keep)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    report_args_t a = { &r, result, keep, 0 };
+    return rb_ensure(tree_body, (VALUE)&a, report_free, (VALUE)&r);
+}
+
+/* ---- folded stacks --------------------------------------------------------------- */
+
+/* A frame name as one folded-stack element: ';' separates frames and a
+ * newline ends the line, so both are replaced. */
+static void
+out_folded_name(out_t *o, VALUE name)
+{
+    const char *p = RSTRING_PTR(name);
+    long n = RSTRING_LEN(name);
+    out_reserve(o, (size_t)n);
+    for (long i = 0; i < n; i++) {
+        char c = p[i];
+        o->buf[o->len++] = c == ';' ? ':' : (c == '\n' || c == '\r') ? ' ' : c;
+    }
+}
+
+static VALUE
+folded_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    report_t *r = a->r;
+    report_load(r, a->result, a->keep, 1);
+    report_tree(r);
+    out_t *o = &r->out;
+    uint32_t stack_capa = 64;
+    uint32_t *stack = r->scratch[0] = ALLOC_N(uint32_t, stack_capa); /* each node's path */
+    for (uint32_t n = 1; n < r->nodes; n++) {
+        if (!r->self[n]) continue;
+        uint32_t depth = 0;
+        for (uint32_t m = n; m; m = r->parent[m]) {
+            if (depth == stack_capa) {
+                REALLOC_N(stack, uint32_t, stack_capa *= 2);
+                r->scratch[0] = stack;
+            }
+            stack[depth++] = r->frame[m];
+        }
+        while (depth--) {
+            out_folded_name(o, r->frames[stack[depth]].name);
+            if (depth) OUT_LIT(o, ";");
+        }
+        OUT_LIT(o, " ");
+        out_u64(o, r->self[n], 0);
+        OUT_LIT(o, "\n");
+    }
+    return out_finish(o);
+}
+
+/* Strobe::Native.report_folded(result, keep) -> String: one line per
+ * distinct stack, "root;...;leaf count", as flamegraph.pl, inferno and
+ * speedscope read them. */
+static VALUE
+native_report_folded(VALUE self, VALUE result, VALUE keep)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    report_args_t a = { &r, result, keep, 0 };
+    return rb_ensure(folded_body, (VALUE)&a, report_free, (VALUE)&r);
+}
+
+/* ---- Graphviz ------------------------------------------------------------------- */
+
+/* A DOT string's contents: quotes and backslashes escaped, newlines as \n. */
+static void
+out_dot_escaped(out_t *o, VALUE str)
+{
+    const char *p = RSTRING_PTR(str);
+    long n = RSTRING_LEN(str);
+    out_reserve(o, (size_t)n * 2);
+    for (long i = 0; i < n; i++) {
+        char c = p[i];
+        if (c == '"' || c == '\\') { o->buf[o->len++] = '\\'; o->buf[o->len++] = c; }
+        else if (c == '\n') { o->buf[o->len++] = '\\'; o->buf[o->len++] = 'n'; }
+        else o->buf[o->len++] = c;
+    }
+}
+
+static void
+out_percent2(out_t *o, uint64_t count, uint64_t samples)
+{
+    char tmp[32];
+    int len = snprintf(tmp, sizeof(tmp), "%.1f%%", samples ? 100.0 * (double)count / (double)samples : 0.0);
+    out_mem(o, tmp, (size_t)len);
+}
+
+typedef struct {
+    report_t *r;
+    const char *shown;       /* per frame position: drawn */
+    long from;
+} edges_ctx_t;
+
+static int
+dot_edge(VALUE callee, VALUE count, VALUE arg)
+{
+    edges_ctx_t *c = (edges_ctx_t *)arg;
+    report_t *r = c->r;
+    long to = frame_pos(r, callee, 1);
+    if (to < 0 || !c->shown[to]) return ST_CONTINUE;
+    uint64_t n = count_of(count, "an edge count");
+    out_t *o = &r->out;
+    OUT_LIT(o, "  f");
+    out_u64(o, (uint64_t)c->from, 0);
+    OUT_LIT(o, " -> f");
+    out_u64(o, (uint64_t)to, 0);
+    OUT_LIT(o, " [label=\"");
+    out_u64(o, n, 0);
+    OUT_LIT(o, "\", penwidth=");
+    char tmp[32];
+    int len = snprintf(tmp, sizeof(tmp), "%.2f", 1.0 + 4.0 * (r->samples ? (double)n / (double)r->samples : 0.0));
+    out_mem(o, tmp, (size_t)len);
+    OUT_LIT(o, "];\n");
+    return ST_CONTINUE;
+}
+
+static VALUE
+graphviz_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    report_t *r = a->r;
+    report_load(r, a->result, a->keep, 1);
+    out_t *o = &r->out;
+    uint64_t max_self = 1;
+    for (long i = 0; i < r->len; i++) if (r->frames[i].self > max_self) max_self = r->frames[i].self;
+    char *shown = r->scratch[0] = ALLOC_N(char, r->len ? r->len : 1);
+    double floor = a->node_fraction * (double)r->samples;
+    for (long i = 0; i < r->len; i++) shown[i] = (double)r->frames[i].total >= floor && r->frames[i].total > 0;
+
+    OUT_LIT(o, "digraph profile {\n  node [shape=box, fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\"];\n");
+    for (long i = 0; i < r->len; i++) {
+        const rframe_t *f = &r->frames[i];
+        if (!shown[i]) continue;
+        char tmp[64];
+        OUT_LIT(o, "  f");
+        out_u64(o, (uint64_t)i, 0);
+        OUT_LIT(o, " [label=\"");
+        out_dot_escaped(o, f->name);
+        OUT_LIT(o, "\\n");
+        out_u64(o, f->self, 0);
+        OUT_LIT(o, " (");
+        out_percent2(o, f->self, r->samples);
+        OUT_LIT(o, ") self\\n");
+        out_u64(o, f->total, 0);
+        OUT_LIT(o, " (");
+        out_percent2(o, f->total, r->samples);
+        OUT_LIT(o, ") total\", fontsize=");
+        int len = snprintf(tmp, sizeof(tmp), "%.1f", 10.0 + 30.0 * (double)f->self / (double)max_self);
+        out_mem(o, tmp, (size_t)len);
+        OUT_LIT(o, "];\n");
+    }
+    for (long i = 0; i < r->len; i++) {
+        if (!shown[i] || NIL_P(r->frames[i].edges)) continue;
+        edges_ctx_t c = { r, shown, i };
+        rb_hash_foreach(r->frames[i].edges, dot_edge, (VALUE)&c);
+    }
+    OUT_LIT(o, "}\n");
+    return out_finish(o);
+}
+
+/* Strobe::Native.report_graphviz(result, keep, node_fraction) -> String:
+ * a DOT call graph of the frames with at least node_fraction of all samples
+ * in total, font size by self samples, edges labelled with their counts. */
+static VALUE
+native_report_graphviz(VALUE self, VALUE result, VALUE keep, VALUE node_fraction)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    report_args_t a = { &r, result, keep, NUM2DBL(node_fraction) };
+    return rb_ensure(graphviz_body, (VALUE)&a, report_free, (VALUE)&r);
+}
+
+/* ---- callgrind ---------------------------------------------------------------------- */
+
+static void
+out_callgrind_name(out_t *o, const char *key, long pos, VALUE str, char *seen)
+{
+    out_mem(o, key, strlen(key));
+    OUT_LIT(o, "=(");
+    out_u64(o, (uint64_t)pos + 1, 0);
+    OUT_LIT(o, ")");
+    if (!seen[pos]) { /* name compression: the string only the first time */
+        OUT_LIT(o, " ");
+        if (RSTRING_LEN(str)) out_folded_name(o, str);
+        else OUT_LIT(o, "(no file)"); /* GC pseudo-frames */
+        seen[pos] = 1;
+    }
+    OUT_LIT(o, "\n");
+}
+
+typedef struct {
+    report_t *r;
+    long from;
+    char *fn_seen, *fl_seen;
+    long *file_of;           /* per frame position: the position of the first frame with its file */
+} callgrind_ctx_t;
+
+static int
+callgrind_line(VALUE line, VALUE pair, VALUE arg)
+{
+    out_t *o = &((callgrind_ctx_t *)arg)->r->out;
+    if (!FIXNUM_P(line) || FIX2LONG(line) < 0) return ST_CONTINUE;
+    if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) < 2) CORRUPT("a lines entry is not [total, self]");
+    uint64_t self = count_of(RARRAY_AREF(pair, 1), "a line's self count");
+    if (!self) return ST_CONTINUE;
+    out_u64(o, (uint64_t)FIX2LONG(line), 0);
+    OUT_LIT(o, " ");
+    out_u64(o, self, 0);
+    OUT_LIT(o, "\n");
+    return ST_CONTINUE;
+}
+
+static int
+callgrind_call(VALUE callee, VALUE count, VALUE arg)
+{
+    callgrind_ctx_t *c = (callgrind_ctx_t *)arg;
+    report_t *r = c->r;
+    long to = frame_pos(r, callee, 1);
+    if (to < 0) return ST_CONTINUE;
+    uint64_t n = count_of(count, "an edge count");
+    out_t *o = &r->out;
+    const rframe_t *caller = &r->frames[c->from], *f = &r->frames[to];
+    if (c->file_of[to] != c->file_of[c->from])
+        out_callgrind_name(o, "cfl", c->file_of[to], f->file, c->fl_seen);
+    out_callgrind_name(o, "cfn", to, f->name, c->fn_seen);
+    OUT_LIT(o, "calls=");
+    out_u64(o, n, 0);
+    OUT_LIT(o, " ");
+    out_u64(o, f->line > 0 ? (uint64_t)f->line : 0, 0);
+    OUT_LIT(o, "\n");
+    out_u64(o, caller->line > 0 ? (uint64_t)caller->line : 0, 0);
+    OUT_LIT(o, " ");
+    out_u64(o, n, 0);
+    OUT_LIT(o, "\n");
+    return ST_CONTINUE;
+}
+
+static VALUE
+callgrind_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    report_t *r = a->r;
+    report_load(r, a->result, a->keep, 1);
+    out_t *o = &r->out;
+    long n = r->len ? r->len : 1;
+    callgrind_ctx_t c = { r, 0, r->scratch[0] = ALLOC_N(char, n), r->scratch[1] = ALLOC_N(char, n),
+                          r->scratch[2] = ALLOC_N(long, n) };
+    memset(c.fn_seen, 0, (size_t)n);
+    memset(c.fl_seen, 0, (size_t)n);
+    /* One id per file: the position of its first frame. */
+    VALUE files = rb_hash_new();
+    for (long i = 0; i < r->len; i++) {
+        VALUE first = rb_hash_lookup2(files, r->frames[i].file, Qundef);
+        if (first == Qundef) {
+            first = LONG2FIX(i);
+            rb_hash_aset(files, r->frames[i].file, first);
+        }
+        c.file_of[i] = FIX2LONG(first);
+    }
+    OUT_LIT(o, "# callgrind format\nversion: 1\ncreator: strobe\npositions: line\nevents: Samples\nsummary: ");
+    out_u64(o, r->samples, 0);
+    OUT_LIT(o, "\n");
+    for (long i = 0; i < r->len; i++) {
+        const rframe_t *f = &r->frames[i];
+        c.from = i;
+        OUT_LIT(o, "\n");
+        out_callgrind_name(o, "fl", c.file_of[i], f->file, c.fl_seen);
+        out_callgrind_name(o, "fn", i, f->name, c.fn_seen);
+        if (!NIL_P(f->lines)) rb_hash_foreach(f->lines, callgrind_line, (VALUE)&c);
+        else if (f->self) {
+            out_u64(o, f->line > 0 ? (uint64_t)f->line : 0, 0);
+            OUT_LIT(o, " ");
+            out_u64(o, f->self, 0);
+            OUT_LIT(o, "\n");
+        }
+        if (!NIL_P(f->edges)) rb_hash_foreach(f->edges, callgrind_call, (VALUE)&c);
+    }
+    RB_GC_GUARD(files);
+    return out_finish(o);
+}
+
+/* Strobe::Native.report_callgrind(result, keep) -> String in the callgrind
+ * format (KCachegrind, callgrind_annotate): self samples per line, calls
+ * with their inclusive samples. */
+static VALUE
+native_report_callgrind(VALUE self, VALUE result, VALUE keep)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    report_args_t a = { &r, result, keep, 0 };
+    return rb_ensure(callgrind_body, (VALUE)&a, report_free, (VALUE)&r);
+}
+
+/* ---- files --------------------------------------------------------------------------- */
+
+static VALUE
+files_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    report_t *r = a->r;
+    report_load(r, a->result, a->keep, 1);
+    report_tree(r);
+    /* One number per distinct file, in order of first appearance. */
+    VALUE ids = rb_hash_new(), names = rb_ary_new();
+    long *file_of = r->scratch[0] = ALLOC_N(long, r->len ? r->len : 1);
+    for (long i = 0; i < r->len; i++) {
+        VALUE id = rb_hash_lookup2(ids, r->frames[i].file, Qundef);
+        if (id == Qundef) {
+            id = LONG2FIX(RARRAY_LEN(names));
+            rb_hash_aset(ids, r->frames[i].file, id);
+            rb_ary_push(names, r->frames[i].file);
+        }
+        file_of[i] = FIX2LONG(id);
+    }
+    long nfiles = RARRAY_LEN(names);
+    uint64_t *totals = r->scratch[1] = ALLOC_N(uint64_t, 2 * (nfiles ? nfiles : 1));
+    memset(totals, 0, sizeof(uint64_t) * 2 * (size_t)(nfiles ? nfiles : 1));
+    for (uint32_t n = 1; n < r->nodes; n++) {
+        long file = file_of[r->frame[n]];
+        totals[2 * file + 1] += r->self[n];
+        /* A sample counts once per file: at the file's outermost frame. */
+        int outermost = 1;
+        for (uint32_t m = r->parent[n]; m && outermost; m = r->parent[m])
+            outermost = file_of[r->frame[m]] != file;
+        if (outermost) totals[2 * file] += r->total[n];
+    }
+    VALUE out = rb_ary_new_capa(nfiles);
+    for (long f = 0; f < nfiles; f++)
+        rb_ary_push(out, rb_ary_new_from_args(3, RARRAY_AREF(names, f), ULL2NUM(totals[2 * f]), ULL2NUM(totals[2 * f + 1])));
+    RB_GC_GUARD(ids);
+    return out;
+}
+
+/* Strobe::Native.report_files(result, keep) -> [[file, total, self], ...]:
+ * per source file, the samples with one of its frames anywhere on the
+ * stack (once per sample) and with one on top. Needs raw data. */
+static VALUE
+native_report_files(VALUE self, VALUE result, VALUE keep)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    report_args_t a = { &r, result, keep, 0 };
+    return rb_ensure(files_body, (VALUE)&a, report_free, (VALUE)&r);
+}
+
+void
+strobe_report_define(VALUE mNative)
+{
+    sym_name = ID2SYM(rb_intern("name"));
+    sym_file = ID2SYM(rb_intern("file"));
+    sym_line = ID2SYM(rb_intern("line"));
+    sym_total_samples = ID2SYM(rb_intern("total_samples"));
+    sym_samples = ID2SYM(rb_intern("samples"));
+    sym_edges = ID2SYM(rb_intern("edges"));
+    sym_lines = ID2SYM(rb_intern("lines"));
+    sym_frames = ID2SYM(rb_intern("frames"));
+    sym_raw = ID2SYM(rb_intern("raw"));
+    rb_define_singleton_method(mNative, "report_text", native_report_text, 4);
+    rb_define_singleton_method(mNative, "report_tree", native_report_tree, 2);
+    rb_define_singleton_method(mNative, "report_folded", native_report_folded, 2);
+    rb_define_singleton_method(mNative, "report_graphviz", native_report_graphviz, 3);
+    rb_define_singleton_method(mNative, "report_callgrind", native_report_callgrind, 2);
+    rb_define_singleton_method(mNative, "report_files", native_report_files, 2);
+}

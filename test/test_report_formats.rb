@@ -1,0 +1,172 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "stringio"
+require "tmpdir"
+require "json"
+
+# Every report format of Strobe::Report and `strobe report`, checked against
+# hand-computed answers and against the real programs that read them
+# (Graphviz, callgrind_annotate, stackprof's own Report).
+class TestReportFormats < Minitest::Test
+  # Raw samples, root first: 5 x main>run>pow, 3 x main>run>concat,
+  # 2 x main>run, 1 x main>run>pow again, then 2 GC samples.
+  def raw_fixture
+    raw = [3, 1, 2, 3, 5, 3, 1, 2, 4, 3, 2, 1, 2, 2, 3, 1, 2, 3, 1, 2, 5, 6, 2]
+    frames = {
+      1 => { name: "<main>", file: "/app/main.rb", line: 1 },
+      2 => { name: "A#run", file: "/app/a.rb", line: 3 },
+      3 => { name: "A#pow", file: "/app/a.rb", line: 9 },
+      4 => { name: "A#concat;x", file: "/lib/str.rb", line: 13 },
+      5 => { name: "(garbage collection)", file: "" },
+      6 => { name: "(marking)", file: "" },
+    }
+    result = { version: 1.2, mode: :wall, interval: 1000, samples: 13, gc_samples: 2, missed_samples: 0,
+               frames: frames, raw: raw, raw_lines: raw.map { |v| v }, raw_sample_threads: [7] * 13,
+               raw_sample_timestamps: (1..13).map { |i| 1000 * i }, threads: { 7 => { name: "main", samples: 13 } } }
+    # Aggregates derived by Strobe's own code, as for a file read back.
+    Strobe::Native.thread_subset(result, 7).tap { |r| r.delete(:thread) }
+  end
+
+  def report(result = raw_fixture, **options)
+    Strobe::Report.new(result, **options)
+  end
+
+  def output(report, method, *args, **options)
+    io = StringIO.new
+    report.public_send(method, io, *args, **options)
+    io.string
+  end
+
+  def test_stackcollapse_folds_each_distinct_stack_once
+    folded = output(report, :print_stackcollapse).lines.sort
+    assert_equal ["(garbage collection);(marking) 2\n", "<main>;A#run 2\n", "<main>;A#run;A#concat:x 3\n",
+                  "<main>;A#run;A#pow 6\n"], folded
+  end
+
+  def test_filters_drop_frames_from_stacks_and_tables
+    filtered = report(reject_names: [/A#run/], reject_files: ["/lib"])
+    assert_equal ["(garbage collection);(marking) 2\n", "<main> 5\n", "<main>;A#pow 6\n"],
+                 output(filtered, :print_stackcollapse).lines.sort
+    text = output(filtered, :print_text)
+    refute_match(/A#run|A#concat/, text)
+    assert_match(/A#pow/, text)
+    only = report(select_files: ["/app/a.rb"])
+    # A#concat is dropped: its 3 samples are A#run's.
+    assert_equal ["A#run 5\n", "A#run;A#pow 6\n"], output(only, :print_stackcollapse).lines.sort
+    assert_raises(ArgumentError) { report(select_everything: ["x"]) }
+  end
+
+  def test_stack_tree_counts_and_timeline
+    tree = report.stack_tree
+    names = tree[:frame_ids].map { |id| raw_fixture[:frames][id][:name] }
+    pow = tree[:frame].each_index.find { |n| tree[:frame][n] >= 0 && names[tree[:frame][n]] == "A#pow" }
+    assert_equal 6, tree[:self][pow]
+    assert_equal 13, tree[:total][0]
+    assert_equal 13, tree[:run_counts].sum
+    # Time order: pow x5, concat x3, run x2, pow x1, GC x2.
+    assert_equal [5, 3, 2, 1, 2], tree[:run_counts]
+    assert_equal pow, tree[:run_nodes][0]
+    assert_equal pow, tree[:run_nodes][3]
+  end
+
+  def test_stackcollapse_needs_raw_data
+    no_raw = raw_fixture.reject { |k, _| k.to_s.start_with?("raw") }
+    error = assert_raises(Strobe::ProfileError) { output(report(no_raw), :print_stackcollapse) }
+    assert_match(/needs per-sample data/, error.message)
+  end
+
+  def test_corrupt_raw_raises_profile_error
+    [[5, 1, 2], [3, 1, 2, 99, 1], [2, 1, 2, -1], ["x"]].each do |raw|
+      assert_raises(Strobe::ProfileError, raw.inspect) { output(report(raw_fixture.merge(raw: raw)), :print_stackcollapse) }
+    end
+  end
+
+  def test_files_counts_each_sample_once_per_file
+    rows = output(report, :print_files).lines.map { |l| l.match(/\A *(\d+) +\(.*?\) +(\d+) +\(.*?\) +(.*)\n\z/) }
+    by_file = rows.to_h { |m| [m[3], [m[1].to_i, m[2].to_i]] }
+    # /app/a.rb: every stack but the GC ones has A#run (11), self A#pow 6 + A#run 2.
+    assert_equal [11, 8], by_file["/app/a.rb"]
+    assert_equal [11, 0], by_file["/app/main.rb"]
+    assert_equal [3, 3], by_file["/lib/str.rb"]
+    assert_equal [2, 2], by_file["(no file)"]
+  end
+
+  def test_method_shows_callers_callees_and_code
+    Dir.mktmpdir do |dir|
+      source = File.join(dir, "a.rb")
+      File.write(source, "class A\n  # run\n  def run\n    pow\n    concat\n  end\nend\n")
+      result = raw_fixture
+      result[:frames][2] = result[:frames][2].merge(file: source, lines: { 4 => [6, 0], 5 => [3, 0], 3 => [2, 2] })
+      text = output(report(result), :print_method, "A#run")
+      assert_match(/\AA#run \(#{Regexp.escape(source)}:3\)\n/, text)
+      assert_match(/samples: +2 self +\(15\.4%\)  \/ +11 total +\(84\.6%\)/, text)
+      assert_match(/callers \(11 total\):\n +11  \(100\.0%\)  <main>\n/, text)
+      assert_match(/callees \(9 total\):\n +6  \( 66\.7%\)  A#pow\n +3  \( 33\.3%\)  A#concat;x\n/, text)
+      assert_match(/ +6 +\(46\.2%\) \/ +0 +\(0\.0%\)  \| +4  \|     pow\n/, text)
+      assert_match(/ +2 +\(15\.4%\) \/ +2 +\(15\.4%\)  \| +3  \|   def run\n/, text)
+      assert_match(/A#pow/, output(report(result), :print_method, /pow|concat/))
+      error = assert_raises(ArgumentError) { output(report(result), :print_method, "B#nope") }
+      assert_match(/no method named "B#nope"/, error.message)
+    end
+  end
+
+  def test_source_that_cannot_be_read_is_said_so
+    result = raw_fixture
+    result[:frames][2] = result[:frames][2].merge(lines: { 4 => [6, 0] })
+    assert_match(/source not available: \/app\/a\.rb/, output(report(result), :print_method, "A#run"))
+  end
+
+  # Graphviz itself renders the call graph.
+  def test_graphviz_renders_with_dot
+    dot = output(report, :print_graphviz)
+    assert_match(/\Adigraph profile \{/, dot)
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "g.dot"), dot)
+      out, err, status = run_command({}, "dot", "-Tsvg", File.join(dir, "g.dot"))
+      assert status.success?, "dot failed: #{err}"
+      assert_includes out, "<svg"
+      %w[A#run A#pow A#concat;x].each { |name| assert_includes out, name }
+    end
+    # Frames under the fraction are left out.
+    refute_includes output(report, :print_graphviz, node_fraction: 0.5), "A#concat"
+    assert_raises(ArgumentError) { output(report, :print_graphviz, node_fraction: 2) }
+  end
+
+  # callgrind_annotate (valgrind) reads our callgrind file: its per-function
+  # self samples are the frames' self samples.
+  def test_callgrind_annotate_reads_the_callgrind_output
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "callgrind.out.1")
+      File.write(path, output(report, :print_callgrind))
+      out, err, status = run_command({}, "callgrind_annotate", path)
+      assert status.success?, "callgrind_annotate failed: #{err}"
+      assert_match(/13 \(100\.0%\)\s+PROGRAM TOTALS/, out)
+      assert_match(%r{^ *6 \(46\.15%\)  /app/a\.rb:A#pow$}, out)
+      assert_match(%r{^ *3 \(23\.08%\)  /lib/str\.rb:A#concat:x$}, out)
+      assert_match(%r{^ *2 \(15\.38%\)  /app/a\.rb:A#run$}, out)
+      inclusive, = run_command({}, "callgrind_annotate", "--inclusive=yes", path)
+      # Inclusive: A#run's 2 self samples and the 6 + 3 of its callees.
+      assert_match(%r{^ *11 \(84\.62%\)  /app/a\.rb:A#run$}, inclusive)
+    end
+  end
+
+  # stackprof's own Report reads our --json output and prints the same table.
+  def test_stackprof_reads_our_json
+    require "stackprof"
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    real = Strobe.run(mode: :cpu, interval: 500, raw: true) do
+      deadline = Process.clock_gettime(clock) + 0.1
+      (1..200).sum.to_s * 3 while Process.clock_gettime(clock) < deadline
+    end
+    assert_operator real[:samples], :>, 50
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "p.json")
+      File.write(path, output(report(real), :print_json))
+      theirs = StringIO.new
+      StackProf::Report.from_file(path).print_text(false, nil, nil, nil, nil, nil, theirs)
+      ours = output(report(real), :print_text)
+      assert_equal theirs.string.lines.drop(5).sort, ours.lines.drop(5).sort
+    end
+  end
+end
