@@ -11,7 +11,7 @@ Gem::Specification.new do |spec|
   spec.authors = ["Strobe developers"]
   spec.license = "MIT"
   spec.required_ruby_version = ">= 3.1"
-  spec.files = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "exe/*", "README.md", "docs/*.md"]
+  spec.files = Dir["lib/**/*.rb", "lib/**/*.html", "ext/**/*.{c,h,rb}", "exe/*", "README.md", "docs/*.md"]
   spec.bindir = "exe"
   spec.executables = ["strobe"]
   spec.extensions = ["ext/strobe/extconf.rb"]

@@ -94,7 +94,7 @@ node_count = parent.size
 # A few hot nodes: weight ~ u^6.
 weights = Array.new(node_count) { |i| i.zero? ? 0.0 : rng.rand**6 }
 weights[gc] = 0.0 # GC samples sit in (marking) / (sweeping)
-weights[marking] = weights[sweeping] = 4.0
+weights[marking] = weights[sweeping] = 25.0
 cumulative = []
 acc = 0.0
 weights.each { |w| cumulative << (acc += w) }

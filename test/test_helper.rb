@@ -39,7 +39,7 @@ module StrobeTestHelpers
   def assert_ruby_prints(expected, code, timeout: 60)
     out, err, status = run_ruby(code, timeout: timeout)
     assert status.success?, "exit status #{status.inspect}, stderr: #{err[0, 400]}"
-    assert_equal expected, out
+    assert_equal expected, out, "stderr: #{err[0, 600]}"
   end
 
   # Frames of a result by name: {name => frame}. Names must be unique.

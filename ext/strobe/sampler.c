@@ -459,9 +459,14 @@ timer_main(void *arg)
             if (S.mode == STROBE_MODE_CPU) {
                 if (cpu - t->cpu_last_ns < interval_ns) continue;
                 /* Carry the remainder so the rate matches the interval, but
-                 * never owe more than one sample after an idle spell. */
+                 * never owe more than one more sample: CPU intervals the
+                 * timer was too late for (a loaded machine) are counted
+                 * missed, not signalled in a burst. */
                 t->cpu_last_ns += interval_ns;
-                if (cpu - t->cpu_last_ns > interval_ns) t->cpu_last_ns = cpu - interval_ns;
+                if (cpu - t->cpu_last_ns > interval_ns) {
+                    strobe_profile_add_missed((uint64_t)((cpu - interval_ns - t->cpu_last_ns) / interval_ns));
+                    t->cpu_last_ns = cpu - interval_ns;
+                }
             } else {
                 uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
                 if ((int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS) {
@@ -498,7 +503,8 @@ timer_main(void *arg)
         /* Late by more than an interval (machine busy): do not burst, but
          * in wall mode every tick skipped is a sample owed, so count it as
          * missed rather than let the rate drop silently. (In CPU mode the
-         * next check still sees all CPU time used, so nothing is lost.) */
+         * next check sees the CPU time used and counts what it cannot
+         * sample, above.) */
         int64_t now = clock_ns(CLOCK_MONOTONIC);
         if (now - next > interval_ns) {
             if (S.mode == STROBE_MODE_WALL)

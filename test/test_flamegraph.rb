@@ -1,0 +1,150 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "json"
+require "tmpdir"
+require "zlib"
+require "stringio"
+
+# The HTML flamegraph: its data, its escaping, and the page itself loaded in
+# headless Chromium (Debian's chromium, installed by .ci/run).
+class TestFlamegraph < Minitest::Test
+  CHROMIUM = %w[chromium chromium-browser google-chrome].map { |c| `command -v #{c} 2>/dev/null`.strip }
+                                                       .find { |p| !p.empty? }
+
+  def profile
+    frames = {
+      1 => { name: "<main>", file: "/app/main.rb", line: 1 },
+      2 => { name: "Render#html </script><!--<script>", file: "/app/view.rb", line: 3 },
+      3 => { name: "Db#query", file: "/app/db.rb", line: 9 },
+    }
+    raw = [2, 1, 2, 30, 2, 1, 3, 50, 2, 1, 2, 20]
+    result = { version: 1.2, mode: :wall, interval: 1000, samples: 100, gc_samples: 0, missed_samples: 0,
+               frames: frames, raw: raw, raw_lines: raw, raw_sample_threads: [1] * 100,
+               threads: { 1 => { name: "main", samples: 100 } } }
+    Strobe::Native.thread_subset(result, 1).tap { |r| r.delete(:thread) }
+  end
+
+  def html(result = profile, **options)
+    io = StringIO.new
+    Strobe::Report.new(result).print_flamegraph(io, **options)
+    io.string
+  end
+
+  def test_data_is_the_stack_tree_and_the_timeline
+    data = Strobe::Flamegraph.new(Strobe::Report.new(profile)).data
+    tree = data[:tree]
+    assert_equal 100, tree[:total][0]
+    assert_equal(-1, tree[:parent][0])
+    tree[:parent].each_with_index.drop(1).each { |parent, n| assert_operator parent, :<, n }
+    names = tree[:frame].drop(1).map { |f| data[:frames][:name][f] }
+    assert_equal ["<main>", "Render#html </script><!--<script>", "Db#query"], names
+    assert_equal [30, 50, 20], data[:timeline][:count]
+    assert_equal 100, data[:meta][:samples]
+  end
+
+  def test_no_frame_name_can_end_the_script
+    page = html(title: "t </title><script>alert(1)</script>")
+    script = page[/<script>(.*)<\/script>/m, 1]
+    refute_includes script, "</script", "frame names are escaped inside the data"
+    refute_includes script, "<!--"
+    assert_includes page, "<title>t &lt;/title&gt;&lt;script&gt;alert(1)&lt;/script&gt;</title>"
+    assert_equal 1, page.scan("<script").size
+  end
+
+  def test_needs_raw_data
+    no_raw = profile.reject { |k, _| k.to_s.start_with?("raw") }
+    assert_raises(Strobe::ProfileError) { html(no_raw) }
+  end
+
+  # Headless Chromium loads the page offline and draws boxes, in both views
+  # and with a search; the screenshot has the flames' warm colours.
+  def test_renders_in_headless_chromium
+    assert CHROMIUM, "chromium is needed for this test (.ci/run installs Debian's chromium)"
+    Dir.mktmpdir do |dir|
+      page = File.join(dir, "flame.html")
+      File.write(page, html)
+      agg = chromium_dom("file://#{page}")
+      assert_match(/<body[^>]* data-ready="1"/, agg)
+      assert_operator agg[/data-boxes="(\d+)"/, 1].to_i, :>=, 3
+      assert_match(/data-view="agg"/, agg)
+
+      timeline = chromium_dom("file://#{page}#view=timeline&search=query")
+      assert_match(/data-view="timeline"/, timeline)
+      assert_equal "50", timeline[/data-match-samples="(\d+)"/, 1], "Db#query is in 50 samples"
+
+      shot = File.join(dir, "flame.png")
+      run_command({}, CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,600",
+                  "--virtual-time-budget=5000", "--screenshot=#{shot}", "file://#{page}", timeout: 120)
+      pixels = png_rgb(File.binread(shot))
+      warm = pixels.count { |r, g, b| r > 200 && b < 130 && g < 220 }
+      assert_operator warm, :>, 10_000, "the flames are drawn (warm pixels in the screenshot)"
+    end
+  end
+
+  private
+
+  def chromium_dom(url)
+    out, err, status = run_command({}, CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+                                   "--virtual-time-budget=5000", "--dump-dom", url, timeout: 120)
+    assert status.success?, "chromium failed: #{err[0, 300]}"
+    out
+  end
+
+  # The pixels of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium's
+  # screenshots are), as [r, g, b] triples.
+  def png_rgb(bytes)
+    raise "not a PNG" unless bytes.start_with?("\x89PNG\r\n\x1a\n".b)
+
+    pos = 8
+    idat = +""
+    width = height = channels = nil
+    while pos < bytes.size
+      len = bytes[pos, 4].unpack1("N")
+      type = bytes[pos + 4, 4]
+      body = bytes[pos + 8, len]
+      case type
+      when "IHDR"
+        width, height, depth, color, _, _, interlace = body.unpack("NNCCCCC")
+        raise "unsupported PNG" unless depth == 8 && [2, 6].include?(color) && interlace.zero?
+
+        channels = color == 6 ? 4 : 3
+      when "IDAT" then idat << body
+      end
+      pos += 12 + len
+    end
+    data = Zlib::Inflate.inflate(idat).bytes
+    stride = width * channels
+    prev = Array.new(stride, 0)
+    pixels = []
+    height.times do |y|
+      filter = data[y * (stride + 1)]
+      line = data[y * (stride + 1) + 1, stride]
+      line.each_index do |i|
+        a = i >= channels ? line[i - channels] : 0
+        b = prev[i]
+        c = i >= channels ? prev[i - channels] : 0
+        line[i] = (line[i] + case filter
+                             when 0 then 0
+                             when 1 then a
+                             when 2 then b
+                             when 3 then (a + b) / 2
+                             else paeth(a, b, c)
+                             end) & 0xff
+      end
+      line.each_slice(channels) { |px| pixels << px.first(3) }
+      prev = line
+    end
+    pixels
+  end
+
+  def paeth(a, b, c)
+    p = a + b - c
+    pa = (p - a).abs
+    pb = (p - b).abs
+    pc = (p - c).abs
+    return a if pa <= pb && pa <= pc
+
+    pb <= pc ? b : c
+  end
+end
