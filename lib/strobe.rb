@@ -20,6 +20,8 @@ end
 module Strobe
   # Reports are loaded when first used, so profiling alone loads no more.
   autoload :Report, File.expand_path("strobe/report", __dir__)
+  autoload :Flamegraph, File.expand_path("strobe/flamegraph", __dir__)
+  autoload :Merge, File.expand_path("strobe/merge", __dir__)
   @metadata = nil
   @out = nil
 

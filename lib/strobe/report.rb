@@ -174,12 +174,13 @@ module Strobe
       matching = frames.select { |_, f| name.is_a?(Regexp) ? f[:name].to_s.match?(name) : f[:name].to_s == name }
       raise ArgumentError, "no method named #{name.inspect} in this profile" if matching.empty?
 
-      callers = Hash.new { |h, k| h[k] = Hash.new(0) }
-      frames.each do |caller_id, frame|
-        (frame[:edges] || {}).each { |callee, count| callers[callee][caller_id] += count if matching.key?(callee) }
-      end
       matching.sort_by { |id, f| [-f[:total_samples].to_i, f[:name].to_s, id] }.each do |id, frame|
-        print_method_frame(io, id, frame, callers[id])
+        callers = {}
+        frames.each do |caller_id, other|
+          count = other[:edges]&.[](id)
+          callers[caller_id] = count if count
+        end
+        print_method_frame(io, id, frame, callers)
       end
     end
 
