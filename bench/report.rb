@@ -7,7 +7,7 @@
 #
 #   text          Strobe::Report#print_text     StackProf::Report#print_text
 #   method        #print_method(name)           #print_method(name)
-#   graphviz      #print_graphviz               #print_graphviz
+#   graphviz      #print_graphviz               #print_graphviz (both node_fraction 0.005)
 #   callgrind     #print_callgrind              #print_callgrind
 #   stackcollapse #print_stackcollapse          #print_stackcollapse
 #   flamegraph    #print_flamegraph (HTML)      #print_d3_flamegraph (HTML)
@@ -58,8 +58,9 @@ module ReportBench
                  -> { StackProf::Report.new(result).print_text(false, nil, nil, nil, nil, nil, null) }],
       "method" => [-> { Strobe::Report.new(result).print_method(null, name) },
                    -> { StackProf::Report.new(result).print_method(name, null) }],
-      "graphviz" => [-> { Strobe::Report.new(result).print_graphviz(null) },
-                     -> { StackProf::Report.new(result).print_graphviz({}, null) }],
+      # The same nodes in both: those with at least 0.5 % of the samples.
+      "graphviz" => [-> { Strobe::Report.new(result).print_graphviz(null, node_fraction: 0.005) },
+                     -> { StackProf::Report.new(result).print_graphviz({ node_fraction: 0.005 }, null) }],
       "callgrind" => [-> { Strobe::Report.new(result).print_callgrind(null) },
                       -> { StackProf::Report.new(result).print_callgrind(null) }],
       "stackcollapse" => [-> { Strobe::Report.new(result).print_stackcollapse(null) }, :stackcollapse],

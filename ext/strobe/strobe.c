@@ -13,9 +13,24 @@
 VALUE strobe_eProfileError;
 static VALUE mStrobe, mNative, eStrobeError, gc_anchor;
 
+/* The Symbol for a C string literal. Result building asks for the same few
+ * names per frame and per line, and rb_intern hashes the string each time,
+ * so symbols are cached by the literal's address (GVL held; symbols from
+ * rb_intern are static, never collected). */
 VALUE
 strobe_sym(const char *name)
 {
+    enum { SLOTS = 128 };
+    static struct { const char *name; VALUE sym; } cache[SLOTS];
+    size_t h = ((uintptr_t)name >> 3) % SLOTS;
+    for (int probes = 0; probes < SLOTS; probes++, h = (h + 1) % SLOTS) {
+        if (cache[h].name == name) return cache[h].sym;
+        if (!cache[h].name) {
+            cache[h].sym = ID2SYM(rb_intern(name));
+            cache[h].name = name;
+            return cache[h].sym;
+        }
+    }
     return ID2SYM(rb_intern(name));
 }
 
