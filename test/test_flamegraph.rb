@@ -74,7 +74,7 @@ class TestFlamegraph < Minitest::Test
       assert_equal "50", timeline[/data-match-samples="(\d+)"/, 1], "Db#query is in 50 samples"
 
       shot = File.join(dir, "flame.png")
-      run_command({}, CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,600",
+      run_tool(CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,600",
                   "--virtual-time-budget=5000", "--screenshot=#{shot}", "file://#{page}", timeout: 120)
       pixels = png_rgb(File.binread(shot))
       warm = pixels.count { |r, g, b| r > 200 && b < 130 && g < 220 }
@@ -85,7 +85,7 @@ class TestFlamegraph < Minitest::Test
   private
 
   def chromium_dom(url)
-    out, err, status = run_command({}, CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
+    out, err, status = run_tool(CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
                                    "--virtual-time-budget=5000", "--dump-dom", url, timeout: 120)
     assert status.success?, "chromium failed: #{err[0, 300]}"
     out

@@ -30,6 +30,12 @@ module StrobeTestHelpers
     end
   end
 
+  # Runs another program (dot, callgrind_annotate, chromium) without the
+  # sanitizer runtime `rake test:asan` preloads into this process.
+  def run_tool(*command, timeout: 120)
+    run_command({ "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }, *command, timeout: timeout)
+  end
+
   # Runs Ruby code in a child process with Strobe loadable.
   def run_ruby(code, timeout: 60, env: {})
     run_command(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code, timeout: timeout)

@@ -123,7 +123,7 @@ class TestReportFormats < Minitest::Test
     assert_match(/\Adigraph profile \{/, dot)
     Dir.mktmpdir do |dir|
       File.write(File.join(dir, "g.dot"), dot)
-      out, err, status = run_command({}, "dot", "-Tsvg", File.join(dir, "g.dot"))
+      out, err, status = run_tool("dot", "-Tsvg", File.join(dir, "g.dot"))
       assert status.success?, "dot failed: #{err}"
       assert_includes out, "<svg"
       %w[A#run A#pow A#concat;x].each { |name| assert_includes out, name }
@@ -139,13 +139,13 @@ class TestReportFormats < Minitest::Test
     Dir.mktmpdir do |dir|
       path = File.join(dir, "callgrind.out.1")
       File.write(path, output(report, :print_callgrind))
-      out, err, status = run_command({}, "callgrind_annotate", path)
+      out, err, status = run_tool("callgrind_annotate", path)
       assert status.success?, "callgrind_annotate failed: #{err}"
       assert_match(/13 \(100\.0%\)\s+PROGRAM TOTALS/, out)
       assert_match(%r{^ *6 \(46\.15%\)  /app/a\.rb:A#pow$}, out)
       assert_match(%r{^ *3 \(23\.08%\)  /lib/str\.rb:A#concat:x$}, out)
       assert_match(%r{^ *2 \(15\.38%\)  /app/a\.rb:A#run$}, out)
-      inclusive, = run_command({}, "callgrind_annotate", "--inclusive=yes", path)
+      inclusive, = run_tool("callgrind_annotate", "--inclusive=yes", path)
       # Inclusive: A#run's 2 self samples and the 6 + 3 of its callees.
       assert_match(%r{^ *11 \(84\.62%\)  /app/a\.rb:A#run$}, inclusive)
     end

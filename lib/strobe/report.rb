@@ -171,16 +171,12 @@ module Strobe
     # source annotated line by line, for every frame whose name equals name
     # (or matches it, for a Regexp).
     def print_method(io = $stdout, name)
-      matching = frames.select { |_, f| name.is_a?(Regexp) ? f[:name].to_s.match?(name) : f[:name].to_s == name }
-      raise ArgumentError, "no method named #{name.inspect} in this profile" if matching.empty?
+      matches = Native.report_method(@result, kept_ids, name)
+      raise ArgumentError, "no method named #{name.inspect} in this profile" if matches.empty?
 
-      matching.sort_by { |id, f| [-f[:total_samples].to_i, f[:name].to_s, id] }.each do |id, frame|
-        callers = {}
-        frames.each do |caller_id, other|
-          count = other[:edges]&.[](id)
-          callers[caller_id] = count if count
-        end
-        print_method_frame(io, id, frame, callers)
+      all = @result[:frames]
+      matches.sort_by { |id, _| [-all[id][:total_samples].to_i, all[id][:name].to_s, id] }.each do |id, callers|
+        print_method_frame(io, id, all[id], callers)
       end
     end
 
