@@ -7,7 +7,8 @@
  * delta and, where samples carry GVL states, one state number. Strobe::Native.compact turns a result's raw arrays into that form,
  * Strobe::Native.expand turns it back (through strobe_results_raw, the same
  * writer live results use), validating every index so a corrupt file raises
- * Strobe::ProfileError instead of crashing.
+ * Strobe::ProfileError instead of crashing. Strobe::Native.remap_raw renames
+ * the frame ids of raw arrays (for merging results).
  *
  * GVL held; not signal-safe. Work is linear in the samples, in C.
  */
@@ -240,9 +241,34 @@ native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samp
     return rb_ensure(expand_body, (VALUE)&a, free_buffers, (VALUE)&b);
 }
 
+/* Strobe::Native.remap_raw(raw, map) -> a copy of raw (stackprof's
+ * [depth, ids..., count] entries) with every frame id replaced by map[id]. */
+static VALUE
+native_remap_raw(VALUE self, VALUE raw, VALUE map)
+{
+    long len = array_len(raw, "raw");
+    Check_Type(map, T_HASH);
+    VALUE out = rb_ary_new_capa(len);
+    for (long i = 0; i < len;) {
+        long depth = int_at(raw, i, "raw");
+        if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
+        rb_ary_push(out, RARRAY_AREF(raw, i));
+        for (long k = 1; k <= depth; k++) {
+            VALUE id = rb_hash_lookup2(map, RARRAY_AREF(raw, i + k), Qundef);
+            if (id == Qundef) CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", RARRAY_AREF(raw, i + k));
+            rb_ary_push(out, id);
+        }
+        int_at(raw, i + depth + 1, "raw");
+        rb_ary_push(out, RARRAY_AREF(raw, i + depth + 1));
+        i += depth + 2;
+    }
+    return out;
+}
+
 void
 strobe_compact_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "compact", native_compact, 8);
     rb_define_singleton_method(mNative, "expand", native_expand, 9);
+    rb_define_singleton_method(mNative, "remap_raw", native_remap_raw, 2);
 }

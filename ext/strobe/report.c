@@ -491,6 +491,20 @@ folded_body(VALUE arg)
     report_load(r, a->result, a->keep, 1);
     report_tree(r);
     out_t *o = &r->out;
+    /* Each frame's name as written, fixed up once (rarely needed). */
+    VALUE names = rb_ary_new_capa(r->len);
+    for (long i = 0; i < r->len; i++) {
+        VALUE name = r->frames[i].name;
+        const char *p = RSTRING_PTR(name);
+        long n = RSTRING_LEN(name);
+        if (memchr(p, ';', (size_t)n) || memchr(p, '\n', (size_t)n) || memchr(p, '\r', (size_t)n)) {
+            out_t fixed = { 0 };
+            out_folded_name(&fixed, name);
+            name = rb_str_new(fixed.buf, (long)fixed.len);
+            xfree(fixed.buf);
+        }
+        rb_ary_push(names, name);
+    }
     uint32_t stack_capa = 64;
     uint32_t *stack = r->scratch[0] = ALLOC_N(uint32_t, stack_capa); /* each node's path */
     for (uint32_t n = 1; n < r->nodes; n++) {
@@ -504,13 +518,14 @@ folded_body(VALUE arg)
             stack[depth++] = r->frame[m];
         }
         while (depth--) {
-            out_folded_name(o, r->frames[stack[depth]].name);
+            out_str(o, RARRAY_AREF(names, stack[depth]));
             if (depth) OUT_LIT(o, ";");
         }
         OUT_LIT(o, " ");
         out_u64(o, r->self[n], 0);
         OUT_LIT(o, "\n");
     }
+    RB_GC_GUARD(names);
     return out_finish(o);
 }
 

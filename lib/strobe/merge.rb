@@ -88,17 +88,8 @@ module Strobe
 
     def merge_raw(list, maps, merged)
       raw = []
-      list.zip(maps).each do |r, map|
-        i = 0
-        src = r[:raw]
-        while i < src.size
-          depth = src[i]
-          raw << depth
-          (1..depth).each { |k| raw << map.fetch(src[i + k]) { raise ProfileError, "raw refers to an unknown frame" } }
-          raw << src[i + depth + 1]
-          i += depth + 2
-        end
-      end
+      # Renumbering the frames of every sample is done in C.
+      list.zip(maps).each { |r, map| raw.concat(Native.remap_raw(r[:raw], map)) }
       merged[:raw] = raw
       merged[:raw_lines] = list.flat_map { |r| r[:raw_lines] || [] } if list.all? { |r| r[:raw_lines] }
       %i[raw_sample_timestamps raw_timestamp_deltas raw_sample_threads raw_sample_states].each do |key|
