@@ -389,5 +389,27 @@ class TestCLIReport < Minitest::Test
       assert_one_error_line err, pattern
     end
   end
+
+  def test_corrupt_raw_in_merged_files_is_one_line
+    bad = raw_profile.merge(raw: [-2, 1, 1])
+    Strobe.save(raw_profile, path("a.json"))
+    File.write(path("b.json"), JSON.generate(Strobe::ProfileFile.encode(raw_profile)).sub(/"stacks":\{.*?\}\}?/m, "\"x\":1"))
+    File.write(path("c.json"), JSON.generate(bad))
+    status, out, err = cli("report", path("a.json"), path("c.json"), "--stackcollapse")
+    assert_equal [1, ""], [status, out]
+    assert_one_error_line err, /raw is truncated|raw/
+  end
+
+  # `strobe report FILE | head -1`: the reader going away is not an error.
+  def test_a_closed_pipe_ends_the_report_quietly
+    Strobe.save(raw_profile, path("p.json"))
+    reader, writer = IO.pipe
+    reader.close
+    err = StringIO.new
+    status = Strobe::CLI.new(["report", path("p.json"), "--json"], out: writer, err: err).run
+    assert_equal [0, ""], [status, err.string]
+  ensure
+    writer&.close
+  end
 end
 

@@ -169,4 +169,48 @@ class TestReportFormats < Minitest::Test
       assert_equal theirs.string.lines.drop(5).sort, ours.lines.drop(5).sort
     end
   end
+
+  # The engine keeps Strings (some made from non-String names) in C memory
+  # while it allocates: GC at every allocation, with compaction on, must
+  # change nothing.
+  def test_reports_survive_gc_at_every_allocation
+    result = raw_fixture
+    result[:frames][4] = result[:frames][4].merge(name: :symbol_name, file: nil)
+    formats = %i[print_text print_stackcollapse print_graphviz print_callgrind print_files]
+    expected = formats.map { |f| output(report(result), f) }
+    GC.stress = true
+    actual = formats.map { |f| output(report(result), f) }
+    GC.stress = false
+    assert_equal expected, actual
+    assert_includes expected[1], "symbol_name"
+  end
+
+  def test_hostile_numbers_raise_profile_error
+    huge = raw_fixture.merge(raw: [2, 1, 2, 2**62 - 1, 2, 1, 2, 2**62 - 1, 2, 1, 2, 2**62 - 1, 2, 1, 2, 2**62 - 1, 2, 1, 2, 2**62 - 1])
+    assert_raises(Strobe::ProfileError) { output(report(huge), :print_stackcollapse) }
+    # An id that is not a frame is an error with a filter too.
+    bad = raw_fixture.merge(raw: [2, 1, 77, 3])
+    assert_raises(Strobe::ProfileError) { output(report(bad, reject_names: [/pow/]), :print_stackcollapse) }
+    bad_lines = raw_fixture
+    bad_lines[:frames][2] = bad_lines[:frames][2].merge(lines: [[1, 2]])
+    error = assert_raises(Strobe::ProfileError) { output(report(bad_lines), :print_method, "A#run") }
+    assert_match(/lines of A#run/, error.message)
+  end
+
+  def test_per_file_totals_of_a_deep_stack
+    depth = 5000
+    frames = (1..depth).to_h { |i| [i, { name: "f#{i}", file: "/f#{i % 7}.rb", total_samples: 1, samples: 0 }] }
+    result = { mode: :cpu, samples: 3, frames: frames, raw: [depth, *(1..depth), 3] }
+    totals = Strobe::Native.report_files(result, nil).to_h { |file, total, self_count| [file, [total, self_count]] }
+    assert_equal 7, totals.size
+    assert(totals.all? { |_, (total, _)| total == 3 }, "each file counted once per sample: #{totals.inspect}")
+    assert_equal 3, totals.values.sum { |_, self_count| self_count }
+  end
+
+  def test_source_of_special_files_is_not_read
+    result = raw_fixture
+    result[:frames][2] = result[:frames][2].merge(file: "/dev/zero", lines: { 4 => [6, 0] })
+    assert_match(%r{source not available: /dev/zero}, output(report(result), :print_method, "A#run"))
+  end
 end
+

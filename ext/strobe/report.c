@@ -59,13 +59,21 @@ typedef struct {
     uint32_t *path;          /* path[k]: its node after level k (path[0]: root) */
     long path_capa;
     out_t out;               /* the output being written */
-    void *scratch[3];        /* a report's own buffers, freed with it */
+    void *scratch[4];        /* a report's own buffers, freed with it */
+    VALUE holder;            /* GC-visible object marking the VALUEs above */
 } report_t;
 
 static VALUE sym_name, sym_file, sym_line, sym_total_samples, sym_samples, sym_edges, sym_lines,
     sym_frames, sym_raw;
 
 /* ---- loading ---------------------------------------------------------------- */
+
+/* *sum += n, or ProfileError when counts that large cannot be right. */
+static inline void
+add_count(uint64_t *sum, uint64_t n)
+{
+    if (__builtin_add_overflow(*sum, n, sum)) CORRUPT("sample counts add up to more than 2**64");
+}
 
 static uint64_t
 count_of(VALUE v, const char *what)
@@ -83,19 +91,24 @@ load_frame(VALUE id, VALUE frame, VALUE arg)
 {
     report_t *r = (report_t *)arg;
     if (!FIXNUM_P(id)) CORRUPT("frame id %+"PRIsVALUE" is not an integer", id);
-    if (!NIL_P(r->keep) && !RTEST(rb_hash_lookup2(r->keep, id, Qfalse))) return ST_CONTINUE;
+    if (!NIL_P(r->keep) && !RTEST(rb_hash_lookup2(r->keep, id, Qfalse))) {
+        if (r->index) st_insert(r->index, (st_data_t)id, 0); /* known, dropped by the filter */
+        return ST_CONTINUE;
+    }
     if (!RB_TYPE_P(frame, T_HASH)) CORRUPT("frame %+"PRIsVALUE" is not a Hash", id);
     if (r->len == r->capa) {
         r->capa = r->capa ? r->capa * 2 : 256;
         REALLOC_N(r->frames, rframe_t, r->capa);
     }
     rframe_t *f = &r->frames[r->len];
+    /* Visible to report_mark before anything below allocates. */
     f->id = id;
+    f->name = f->file = f->edges = f->lines = Qnil;
+    r->len++;
     f->name = rb_hash_lookup2(frame, sym_name, Qnil);
     if (!RB_TYPE_P(f->name, T_STRING)) f->name = rb_obj_as_string(f->name);
     f->total = count_of(rb_hash_lookup2(frame, sym_total_samples, Qnil), "total_samples");
     f->self = count_of(rb_hash_lookup2(frame, sym_samples, Qnil), "samples");
-    f->file = f->edges = f->lines = Qnil;
     f->line = -1;
     if (r->details) {
         f->file = rb_hash_lookup2(frame, sym_file, Qnil);
@@ -107,8 +120,7 @@ load_frame(VALUE id, VALUE frame, VALUE arg)
         if (!NIL_P(f->edges) && !RB_TYPE_P(f->edges, T_HASH)) CORRUPT("edges of frame %+"PRIsVALUE" is not a Hash", id);
         if (!NIL_P(f->lines) && !RB_TYPE_P(f->lines, T_HASH)) CORRUPT("lines of frame %+"PRIsVALUE" is not a Hash", id);
     }
-    if (r->index) st_insert(r->index, (st_data_t)id, (st_data_t)r->len);
-    r->len++;
+    if (r->index) st_insert(r->index, (st_data_t)id, (st_data_t)r->len); /* position + 1 */
     return ST_CONTINUE;
 }
 
@@ -127,10 +139,35 @@ report_load(report_t *r, VALUE result, VALUE keep, int details)
     rb_hash_foreach(frames, load_frame, (VALUE)r);
 }
 
+/* The report's VALUEs live in C memory (frames' names, files, edges and
+ * lines, some of them Strings made here): a hidden object marks them while
+ * the report runs, with rb_gc_mark, which also pins them against
+ * compaction, since their addresses are held. */
+static void
+report_mark(void *ptr)
+{
+    const report_t *r = ptr;
+    if (!r) return;
+    rb_gc_mark(r->result);
+    rb_gc_mark(r->keep);
+    for (long i = 0; i < r->len; i++) {
+        rb_gc_mark(r->frames[i].name);
+        rb_gc_mark(r->frames[i].file);
+        rb_gc_mark(r->frames[i].edges);
+        rb_gc_mark(r->frames[i].lines);
+    }
+}
+
+static const rb_data_type_t holder_type = {
+    .wrap_struct_name = "Strobe::Native::ReportHolder",
+    .function = { .dmark = report_mark },
+};
+
 static VALUE
 report_free(VALUE arg)
 {
     report_t *r = (report_t *)arg;
+    DATA_PTR(r->holder) = NULL; /* the holder may outlive this C frame */
     xfree(r->frames);
     if (r->index) st_free_table(r->index);
     if (r->children) st_free_table(r->children);
@@ -138,18 +175,19 @@ report_free(VALUE arg)
     xfree(r->runs_node); xfree(r->runs_count);
     xfree(r->prev_ids); xfree(r->path);
     xfree(r->out.buf);
-    for (int i = 0; i < 3; i++) xfree(r->scratch[i]);
+    for (int i = 0; i < 4; i++) xfree(r->scratch[i]);
     return Qnil;
 }
 
-/* Position of a kept frame, or -1 (dropped by the filter, or unknown when
- * unknown_ok). */
+/* Position of a kept frame; -1 for a frame the filter dropped, or for one
+ * not in frames when unknown_ok (edges to nowhere are skipped; raw samples
+ * must name real frames). */
 static long
 frame_pos(const report_t *r, VALUE id, int unknown_ok)
 {
     st_data_t pos;
-    if (FIXNUM_P(id) && st_lookup(r->index, (st_data_t)id, &pos)) return (long)pos;
-    if (!unknown_ok && NIL_P(r->keep)) CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", id);
+    if (FIXNUM_P(id) && st_lookup(r->index, (st_data_t)id, &pos)) return (long)pos - 1;
+    if (!unknown_ok) CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", id);
     return -1;
 }
 
@@ -239,6 +277,20 @@ out_finish(out_t *o)
     return s;
 }
 
+/* Runs body(args) with a fresh report (*slot), freeing it however body ends. */
+static VALUE
+report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
+{
+    report_t r;
+    memset(&r, 0, sizeof(r));
+    r.result = r.keep = Qnil;
+    r.holder = TypedData_Wrap_Struct(0, &holder_type, &r);
+    *slot = &r;
+    VALUE out = rb_ensure(body, (VALUE)args, report_free, (VALUE)&r);
+    RB_GC_GUARD(r.holder);
+    return out;
+}
+
 /* ---- text ------------------------------------------------------------------------ */
 
 /* What the text table sorts: small and flat, so qsort moves 32 bytes and
@@ -306,10 +358,8 @@ text_body(VALUE arg)
 static VALUE
 native_report_text(VALUE self, VALUE result, VALUE keep, VALUE sort_by_total, VALUE limit)
 {
-    report_t r;
-    memset(&r, 0, sizeof(r));
-    text_args_t a = { &r, result, keep, RTEST(sort_by_total), NIL_P(limit) ? -1 : NUM2LONG(limit) };
-    return rb_ensure(text_body, (VALUE)&a, report_free, (VALUE)&r);
+    text_args_t a = { NULL, result, keep, RTEST(sort_by_total), NIL_P(limit) ? -1 : NUM2LONG(limit) };
+    return report_run(text_body, &a, &a.r);
 }
 
 /* ---- the stack tree ------------------------------------------------------------ */
@@ -338,7 +388,7 @@ static void
 tree_run(report_t *r, uint32_t node, uint64_t count)
 {
     if (r->runs && r->runs_node[r->runs - 1] == node) {
-        r->runs_count[r->runs - 1] += count;
+        add_count(&r->runs_count[r->runs - 1], count);
         return;
     }
     if (r->runs == r->runs_capa) {
@@ -401,14 +451,14 @@ report_tree(report_t *r)
             r->path[k + 1] = node;
         }
         prev_depth = depth;
-        r->self[node] += (uint64_t)count;
+        add_count(&r->self[node], (uint64_t)count);
         if (count) tree_run(r, node, (uint64_t)count);
         i += depth + 2;
     }
 
     r->total = ALLOC_N(uint64_t, r->nodes);
     memcpy(r->total, r->self, sizeof(uint64_t) * r->nodes);
-    for (uint32_t n = r->nodes; n-- > 1;) r->total[r->parent[n]] += r->total[n];
+    for (uint32_t n = r->nodes; n-- > 1;) add_count(&r->total[r->parent[n]], r->total[n]);
 }
 
 typedef struct {
@@ -461,10 +511,8 @@ tree_body(VALUE arg)
 static VALUE
 native_report_tree(VALUE self, VALUE result, VALUE keep)
 {
-    report_t r;
-    memset(&r, 0, sizeof(r));
-    report_args_t a = { &r, result, keep, 0 };
-    return rb_ensure(tree_body, (VALUE)&a, report_free, (VALUE)&r);
+    report_args_t a = { NULL, result, keep, 0 };
+    return report_run(tree_body, &a, &a.r);
 }
 
 /* ---- folded stacks --------------------------------------------------------------- */
@@ -535,10 +583,8 @@ folded_body(VALUE arg)
 static VALUE
 native_report_folded(VALUE self, VALUE result, VALUE keep)
 {
-    report_t r;
-    memset(&r, 0, sizeof(r));
-    report_args_t a = { &r, result, keep, 0 };
-    return rb_ensure(folded_body, (VALUE)&a, report_free, (VALUE)&r);
+    report_args_t a = { NULL, result, keep, 0 };
+    return report_run(folded_body, &a, &a.r);
 }
 
 /* ---- Graphviz ------------------------------------------------------------------- */
@@ -588,7 +634,9 @@ dot_edge(VALUE callee, VALUE count, VALUE arg)
     OUT_LIT(o, " [label=\"");
     out_u64(o, n, 0);
     /* penwidth 1 + 4 * share, in hundredths, formatted as integers */
-    uint64_t hundredths = 100 + (r->samples ? (uint64_t)((400.0 * (double)n) / (double)r->samples + 0.5) : 0);
+    double share = r->samples ? (double)n / (double)r->samples : 0.0;
+    if (share > 1.0) share = 1.0; /* a malformed count; keeps the conversion defined */
+    uint64_t hundredths = 100 + (uint64_t)(400.0 * share + 0.5);
     OUT_LIT(o, "\", penwidth=");
     out_u64(o, hundredths / 100, 0);
     OUT_LIT(o, ".");
@@ -648,10 +696,8 @@ graphviz_body(VALUE arg)
 static VALUE
 native_report_graphviz(VALUE self, VALUE result, VALUE keep, VALUE node_fraction)
 {
-    report_t r;
-    memset(&r, 0, sizeof(r));
-    report_args_t a = { &r, result, keep, NUM2DBL(node_fraction) };
-    return rb_ensure(graphviz_body, (VALUE)&a, report_free, (VALUE)&r);
+    report_args_t a = { NULL, result, keep, NUM2DBL(node_fraction) };
+    return report_run(graphviz_body, &a, &a.r);
 }
 
 /* ---- callgrind ---------------------------------------------------------------------- */
@@ -769,10 +815,8 @@ callgrind_body(VALUE arg)
 static VALUE
 native_report_callgrind(VALUE self, VALUE result, VALUE keep)
 {
-    report_t r;
-    memset(&r, 0, sizeof(r));
-    report_args_t a = { &r, result, keep, 0 };
-    return rb_ensure(callgrind_body, (VALUE)&a, report_free, (VALUE)&r);
+    report_args_t a = { NULL, result, keep, 0 };
+    return report_run(callgrind_body, &a, &a.r);
 }
 
 /* ---- files --------------------------------------------------------------------------- */
@@ -786,7 +830,7 @@ files_body(VALUE arg)
     report_tree(r);
     /* One number per distinct file, in order of first appearance. */
     VALUE ids = rb_hash_new(), names = rb_ary_new();
-    long *file_of = r->scratch[0] = ALLOC_N(long, r->len ? r->len : 1);
+    long *file_of_frame = r->scratch[0] = ALLOC_N(long, r->len ? r->len : 1);
     for (long i = 0; i < r->len; i++) {
         VALUE id = rb_hash_lookup2(ids, r->frames[i].file, Qundef);
         if (id == Qundef) {
@@ -794,19 +838,42 @@ files_body(VALUE arg)
             rb_hash_aset(ids, r->frames[i].file, id);
             rb_ary_push(names, r->frames[i].file);
         }
-        file_of[i] = FIX2LONG(id);
+        file_of_frame[i] = FIX2LONG(id);
     }
     long nfiles = RARRAY_LEN(names);
     uint64_t *totals = r->scratch[1] = ALLOC_N(uint64_t, 2 * (nfiles ? nfiles : 1));
     memset(totals, 0, sizeof(uint64_t) * 2 * (size_t)(nfiles ? nfiles : 1));
-    for (uint32_t n = 1; n < r->nodes; n++) {
-        long file = file_of[r->frame[n]];
-        totals[2 * file + 1] += r->self[n];
-        /* A sample counts once per file: at the file's outermost frame. */
-        int outermost = 1;
-        for (uint32_t m = r->parent[n]; m && outermost; m = r->parent[m])
-            outermost = file_of[r->frame[m]] != file;
-        if (outermost) totals[2 * file] += r->total[n];
+    /* A sample counts once per file: at the file's outermost frame on its
+     * stack. Depth first over the tree with, per file, how many of its
+     * frames are on the current path: O(nodes) whatever the depth. Children
+     * in CSR form: first[n]..first[n + 1] in kids. parent < child always. */
+    uint32_t nn = r->nodes;
+    uint32_t *work = r->scratch[2] = ALLOC_N(uint32_t, 4 * (size_t)nn + 2);
+    uint32_t *first = work, *kids = work + nn + 1, *stack = kids + nn, *next = stack + nn;
+    memset(first, 0, sizeof(uint32_t) * (nn + 1));
+    for (uint32_t n = 1; n < nn; n++) first[r->parent[n] + 1]++;
+    for (uint32_t n = 0; n < nn; n++) first[n + 1] += first[n];
+    memcpy(next, first, sizeof(uint32_t) * nn);
+    for (uint32_t n = 1; n < nn; n++) kids[next[r->parent[n]]++] = n;
+    long *on_path = r->scratch[3] = ALLOC_N(long, nfiles ? nfiles : 1);
+    memset(on_path, 0, sizeof(long) * (size_t)(nfiles ? nfiles : 1));
+    /* next[] now walks each node's children; a node is on the stack while
+     * its subtree is visited. */
+    memcpy(next, first, sizeof(uint32_t) * nn);
+    uint32_t sp = 0;
+    stack[sp++] = 0;
+    while (sp) {
+        uint32_t n = stack[sp - 1];
+        if (next[n] < first[n + 1]) {
+            uint32_t c = kids[next[n]++];
+            long file = file_of_frame[r->frame[c]];
+            add_count(&totals[2 * file + 1], r->self[c]);
+            if (on_path[file]++ == 0) add_count(&totals[2 * file], r->total[c]);
+            stack[sp++] = c;
+        } else {
+            if (n) on_path[file_of_frame[r->frame[n]]]--;
+            sp--;
+        }
     }
     VALUE out = rb_ary_new_capa(nfiles);
     for (long f = 0; f < nfiles; f++)
@@ -821,10 +888,8 @@ files_body(VALUE arg)
 static VALUE
 native_report_files(VALUE self, VALUE result, VALUE keep)
 {
-    report_t r;
-    memset(&r, 0, sizeof(r));
-    report_args_t a = { &r, result, keep, 0 };
-    return rb_ensure(files_body, (VALUE)&a, report_free, (VALUE)&r);
+    report_args_t a = { NULL, result, keep, 0 };
+    return report_run(files_body, &a, &a.r);
 }
 
 /* ---- a method's frames and callers ------------------------------------------------- */

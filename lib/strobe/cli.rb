@@ -326,17 +326,27 @@ module Strobe
     end
 
     # Yields standard output, or a file written whole (a temporary file
-    # renamed into place, so a failed report leaves no half file).
-    def write_report(path)
+    # renamed into place, so a failed report leaves no half file). Errors
+    # writing standard output (a closed pipe) are left to #run.
+    def write_report(path, &block)
       return yield(@out) unless path
 
       tmp = "#{path}.#{Process.pid}.tmp"
-      status = File.open(tmp, "w") { |file| yield(file) }
-      File.rename(tmp, path)
-      status
-    rescue SystemCallError => e
-      error "cannot write #{path}: #{system_reason(e)}"
+      begin
+        file = File.open(tmp, "w")
+      rescue SystemCallError => e
+        return error("cannot write #{path}: #{system_reason(e)}")
+      end
+      begin
+        status = block.call(file)
+        file.close
+        File.rename(tmp, path)
+        status
+      rescue SystemCallError => e
+        error "cannot write #{path}: #{system_reason(e)}"
+      end
     ensure
+      file&.close unless file&.closed?
       File.unlink(tmp) if tmp && File.exist?(tmp)
     end
 

@@ -20,8 +20,10 @@ module Strobe
   # whose file starts with one of the given paths (expanded);
   # select_names/reject_names keep or drop frames whose name matches one of
   # the given Regexps (or Strings, matched as substrings). A dropped frame is
-  # left out of the tables and of every stack (its samples count for its
-  # nearest kept caller).
+  # left out of every report. Reports built from the samples' stacks
+  # (stackcollapse, flamegraph, files) give its samples to its nearest kept
+  # caller; the tables built from each frame's own counts (text, method,
+  # Graphviz, callgrind) just leave its row out.
   class Report
     # One line of the table: a frame with its total (inclusive) and self
     # sample counts.
@@ -157,7 +159,7 @@ module Strobe
         frames.each_value do |frame|
           next unless frame[:file].to_s == file
 
-          (frame[:lines] || {}).each do |line, (total, self_count)|
+          lines_of(frame).each do |line, (total, self_count)|
             lines[line][0] += total.to_i
             lines[line][1] += self_count.to_i
           end
@@ -271,23 +273,34 @@ module Strobe
                 format_percent(total))
       print_neighbours(io, "callers", callers)
       print_neighbours(io, "callees", frame[:edges] || {})
-      lines = frame[:lines] || {}
+      lines = lines_of(frame)
       return if lines.empty? || frame[:file].to_s.empty?
 
       io.puts "  code:"
-      first = frame[:line] || lines.keys.min
+      first = frame[:line].is_a?(Integer) ? frame[:line] : lines.keys.min
       ReportSource.new(frame[:file].to_s, lines, self).print(io, first..lines.keys.max, indent: "  ")
+    end
+
+    # A frame's {line => [total, self]}, checked.
+    def lines_of(frame)
+      lines = frame[:lines] || {}
+      return lines if lines.is_a?(Hash) && lines.all? { |n, pair| n.is_a?(Integer) && pair.is_a?(Array) && pair.all?(Integer) }
+
+      raise ProfileError, "malformed profile: the lines of #{frame[:name]} are not {line => [total, self]}"
     end
 
     def print_neighbours(io, label, counts)
       all = @result[:frames] || {}
       shown = counts.select { |id, _| all.key?(id) && (kept_ids.nil? || kept_ids.key?(id)) }
       return if shown.empty?
+      unless shown.values.all? { |count| count.is_a?(Integer) && count >= 0 }
+        raise ProfileError, "malformed profile: an edge count is not a non-negative integer"
+      end
 
       sum = shown.values.sum
       io.puts "  #{label} (#{sum} total):"
       shown.sort_by { |id, count| [-count, all[id][:name].to_s] }.each do |id, count|
-        io.printf("    %6d  (%5.1f%%)  %s\n", count, 100.0 * count / sum, all[id][:name])
+        io.printf("    %6d  (%5.1f%%)  %s\n", count, sum.zero? ? 0.0 : 100.0 * count / sum, all[id][:name])
       end
     end
 

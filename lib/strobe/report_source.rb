@@ -33,7 +33,14 @@ module Strobe
 
     private
 
+    # Source files larger than this are not shown.
+    MAX_BYTES = 16 * 1024 * 1024
+
+    # The file's lines, or nil: only regular files (a profile may name
+    # /dev/zero or a FIFO) of a sane size are read.
     def read
+      return nil unless File.file?(@file) && File.size(@file) <= MAX_BYTES
+
       File.readlines(@file)
     rescue SystemCallError, IOError
       nil
