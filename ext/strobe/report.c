@@ -702,6 +702,16 @@ native_report_graphviz(VALUE self, VALUE result, VALUE keep, VALUE node_fraction
 
 /* ---- callgrind ---------------------------------------------------------------------- */
 
+/* "a b\n": two numbers on a line, the shape of callgrind's cost lines. */
+static void
+out_u64_pair(out_t *o, uint64_t a, uint64_t b)
+{
+    out_u64(o, a, 0);
+    OUT_LIT(o, " ");
+    out_u64(o, b, 0);
+    OUT_LIT(o, "\n");
+}
+
 static void
 out_callgrind_name(out_t *o, const char *key, long pos, VALUE str, char *seen)
 {
@@ -732,11 +742,7 @@ callgrind_line(VALUE line, VALUE pair, VALUE arg)
     if (!FIXNUM_P(line) || FIX2LONG(line) < 0) return ST_CONTINUE;
     if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) < 2) CORRUPT("a lines entry is not [total, self]");
     uint64_t self = count_of(RARRAY_AREF(pair, 1), "a line's self count");
-    if (!self) return ST_CONTINUE;
-    out_u64(o, (uint64_t)FIX2LONG(line), 0);
-    OUT_LIT(o, " ");
-    out_u64(o, self, 0);
-    OUT_LIT(o, "\n");
+    if (self) out_u64_pair(o, (uint64_t)FIX2LONG(line), self);
     return ST_CONTINUE;
 }
 
@@ -754,14 +760,8 @@ callgrind_call(VALUE callee, VALUE count, VALUE arg)
         out_callgrind_name(o, "cfl", c->file_of[to], f->file, c->fl_seen);
     out_callgrind_name(o, "cfn", to, f->name, c->fn_seen);
     OUT_LIT(o, "calls=");
-    out_u64(o, n, 0);
-    OUT_LIT(o, " ");
-    out_u64(o, f->line > 0 ? (uint64_t)f->line : 0, 0);
-    OUT_LIT(o, "\n");
-    out_u64(o, caller->line > 0 ? (uint64_t)caller->line : 0, 0);
-    OUT_LIT(o, " ");
-    out_u64(o, n, 0);
-    OUT_LIT(o, "\n");
+    out_u64_pair(o, n, f->line > 0 ? (uint64_t)f->line : 0);
+    out_u64_pair(o, caller->line > 0 ? (uint64_t)caller->line : 0, n);
     return ST_CONTINUE;
 }
 
@@ -797,12 +797,7 @@ callgrind_body(VALUE arg)
         out_callgrind_name(o, "fl", c.file_of[i], f->file, c.fl_seen);
         out_callgrind_name(o, "fn", i, f->name, c.fn_seen);
         if (!NIL_P(f->lines)) rb_hash_foreach(f->lines, callgrind_line, (VALUE)&c);
-        else if (f->self) {
-            out_u64(o, f->line > 0 ? (uint64_t)f->line : 0, 0);
-            OUT_LIT(o, " ");
-            out_u64(o, f->self, 0);
-            OUT_LIT(o, "\n");
-        }
+        else if (f->self) out_u64_pair(o, f->line > 0 ? (uint64_t)f->line : 0, f->self);
         if (!NIL_P(f->edges)) rb_hash_foreach(f->edges, callgrind_call, (VALUE)&c);
     }
     RB_GC_GUARD(files);
