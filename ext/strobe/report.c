@@ -193,7 +193,7 @@ frame_pos(const report_t *r, VALUE id, int unknown_ok)
 
 /* ---- formatting --------------------------------------------------------------- */
 
-static void
+static inline void
 out_reserve(out_t *o, size_t more)
 {
     if (o->len + more <= o->capa) return;
@@ -203,7 +203,7 @@ out_reserve(out_t *o, size_t more)
     o->capa = capa;
 }
 
-static void
+static inline void
 out_mem(out_t *o, const char *s, size_t n)
 {
     out_reserve(o, n);
@@ -211,7 +211,7 @@ out_mem(out_t *o, const char *s, size_t n)
     o->len += n;
 }
 
-static void
+static inline void
 out_str(out_t *o, VALUE str)
 {
     out_mem(o, RSTRING_PTR(str), (size_t)RSTRING_LEN(str));
@@ -220,7 +220,7 @@ out_str(out_t *o, VALUE str)
 #define OUT_LIT(o, lit) out_mem((o), (lit), sizeof(lit) - 1)
 
 /* n right-aligned in width columns (wider numbers take what they need). */
-static void
+static inline void
 out_u64(out_t *o, uint64_t n, int width)
 {
     char tmp[24];
