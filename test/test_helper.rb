@@ -49,6 +49,13 @@ module StrobeTestHelpers
     assert_equal expected, out, "stderr: #{err[0, 600]}"
   end
 
+  # The frame rows of a text report (after its header, which may carry
+  # extra lines such as thread states), sorted: stackprof's order of equal
+  # counts is unspecified.
+  def table_rows(text)
+    text.lines.drop_while { |line| !line.include?("TOTAL") }.drop(1).sort
+  end
+
   # Frames of a result by name: {name => frame}. Names must be unique.
   def frames_by_name(result)
     result[:frames].values.to_h { |f| [f[:name], f] }
