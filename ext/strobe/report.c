@@ -223,12 +223,29 @@ out_str(out_t *o, VALUE str)
 static inline void
 out_u64(out_t *o, uint64_t n, int width)
 {
+    /* Two digits per division: most numbers written are small. */
+    static const char pairs[201] =
+        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+        "8081828384858687888990919293949596979899";
     char tmp[24];
-    int len = 0;
-    do { tmp[sizeof(tmp) - 1 - len++] = (char)('0' + n % 10); n /= 10; } while (n);
+    char *p = tmp + sizeof(tmp);
+    while (n >= 100) {
+        unsigned d = (unsigned)(n % 100);
+        n /= 100;
+        *--p = pairs[2 * d + 1];
+        *--p = pairs[2 * d];
+    }
+    if (n >= 10) {
+        *--p = pairs[2 * n + 1];
+        *--p = pairs[2 * n];
+    } else {
+        *--p = (char)('0' + n);
+    }
+    int len = (int)(tmp + sizeof(tmp) - p);
     out_reserve(o, (size_t)(len > width ? len : width));
     for (int i = len; i < width; i++) o->buf[o->len++] = ' ';
-    memcpy(o->buf + o->len, tmp + sizeof(tmp) - len, (size_t)len);
+    memcpy(o->buf + o->len, p, (size_t)len);
     o->len += (size_t)len;
 }
 
@@ -713,10 +730,9 @@ out_u64_pair(out_t *o, uint64_t a, uint64_t b)
 }
 
 static void
-out_callgrind_name(out_t *o, const char *key, long pos, VALUE str, char *seen)
+out_callgrind_name(out_t *o, const char *key, size_t key_len, long pos, VALUE str, char *seen)
 {
-    out_mem(o, key, strlen(key));
-    OUT_LIT(o, "=(");
+    out_mem(o, key, key_len);
     out_u64(o, (uint64_t)pos + 1, 0);
     OUT_LIT(o, ")");
     if (!seen[pos]) { /* name compression: the string only the first time */
@@ -727,6 +743,9 @@ out_callgrind_name(out_t *o, const char *key, long pos, VALUE str, char *seen)
     }
     OUT_LIT(o, "\n");
 }
+/* key is a literal such as "cfn": written with its "=(" */
+#define OUT_CALLGRIND_NAME(o, key, pos, str, seen) \
+    out_callgrind_name((o), key "=(", sizeof(key "=(") - 1, (pos), (str), (seen))
 
 typedef struct {
     report_t *r;
@@ -757,8 +776,8 @@ callgrind_call(VALUE callee, VALUE count, VALUE arg)
     out_t *o = &r->out;
     const rframe_t *caller = &r->frames[c->from], *f = &r->frames[to];
     if (c->file_of[to] != c->file_of[c->from])
-        out_callgrind_name(o, "cfl", c->file_of[to], f->file, c->fl_seen);
-    out_callgrind_name(o, "cfn", to, f->name, c->fn_seen);
+        OUT_CALLGRIND_NAME(o, "cfl", c->file_of[to], f->file, c->fl_seen);
+    OUT_CALLGRIND_NAME(o, "cfn", to, f->name, c->fn_seen);
     OUT_LIT(o, "calls=");
     out_u64_pair(o, n, f->line > 0 ? (uint64_t)f->line : 0);
     out_u64_pair(o, caller->line > 0 ? (uint64_t)caller->line : 0, n);
@@ -794,8 +813,8 @@ callgrind_body(VALUE arg)
         const rframe_t *f = &r->frames[i];
         c.from = i;
         OUT_LIT(o, "\n");
-        out_callgrind_name(o, "fl", c.file_of[i], f->file, c.fl_seen);
-        out_callgrind_name(o, "fn", i, f->name, c.fn_seen);
+        OUT_CALLGRIND_NAME(o, "fl", c.file_of[i], f->file, c.fl_seen);
+        OUT_CALLGRIND_NAME(o, "fn", i, f->name, c.fn_seen);
         if (!NIL_P(f->lines)) rb_hash_foreach(f->lines, callgrind_line, (VALUE)&c);
         else if (f->self) out_u64_pair(o, f->line > 0 ? (uint64_t)f->line : 0, f->self);
         if (!NIL_P(f->edges)) rb_hash_foreach(f->edges, callgrind_call, (VALUE)&c);
