@@ -320,16 +320,40 @@ typedef struct {
     uint32_t pos;            /* position in report_t.frames */
 } row_key_t;
 
-/* Most samples first; ties by name, then frame id, so output is stable. */
+/* Within equal counts: by name, then frame id, so output is stable. */
 static int
 row_cmp(const void *pa, const void *pb)
 {
     const row_key_t *a = pa, *b = pb;
-    if (a->count != b->count) return a->count > b->count ? -1 : 1;
     int c = memcmp(a->name, b->name, (size_t)(a->name_len < b->name_len ? a->name_len : b->name_len));
     if (c) return c;
     if (a->name_len != b->name_len) return a->name_len < b->name_len ? -1 : 1;
     return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Most samples first, then row_cmp. Counts are sorted without comparisons
+ * (a stable radix sort, 8 bits a pass, as many passes as the largest count
+ * needs); only rows of equal count are compared, and mostly there are few. */
+static void
+sort_rows(row_key_t *keys, row_key_t *tmp, size_t n)
+{
+    uint64_t max = 0;
+    for (size_t i = 0; i < n; i++) if (keys[i].count > max) max = keys[i].count;
+    size_t bucket[256];
+    for (int shift = 0; shift < 64 && (max >> shift); shift += 8) {
+        memset(bucket, 0, sizeof(bucket));
+        for (size_t i = 0; i < n; i++) bucket[0xff - ((keys[i].count >> shift) & 0xff)]++; /* descending */
+        size_t sum = 0;
+        for (size_t d = 0; d < 256; d++) { size_t c = bucket[d]; bucket[d] = sum; sum += c; }
+        for (size_t i = 0; i < n; i++) tmp[bucket[0xff - ((keys[i].count >> shift) & 0xff)]++] = keys[i];
+        memcpy(keys, tmp, n * sizeof(row_key_t));
+    }
+    for (size_t start = 0; start < n;) {
+        size_t end = start + 1;
+        while (end < n && keys[end].count == keys[start].count) end++;
+        if (end - start > 1) qsort(keys + start, end - start, sizeof(row_key_t), row_cmp);
+        start = end;
+    }
 }
 
 typedef struct {
@@ -351,7 +375,7 @@ text_body(VALUE arg)
         keys[i] = (row_key_t){ a->sort_by_total ? f->total : f->self, RSTRING_PTR(f->name), RSTRING_LEN(f->name),
                                FIX2LONG(f->id), (uint32_t)i };
     }
-    qsort(keys, (size_t)r->len, sizeof(row_key_t), row_cmp);
+    sort_rows(keys, r->scratch[1] = ALLOC_N(row_key_t, r->len ? r->len : 1), (size_t)r->len);
     long n = a->limit >= 0 && a->limit < r->len ? a->limit : r->len;
     out_t *o = &r->out;
     for (long i = 0; i < n; i++) {
