@@ -308,6 +308,16 @@ report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
     return out;
 }
 
+/* Strobe::Native.report_<name>(result, keep): runs <name>_body on a report
+ * of result filtered by keep. */
+#define REPORT_METHOD(name)                                          \
+    static VALUE                                                     \
+    native_report_##name(VALUE self, VALUE result, VALUE keep)       \
+    {                                                                \
+        report_args_t a = { NULL, result, keep, 0 };                 \
+        return report_run(name##_body, &a, &a.r);                    \
+    }
+
 /* ---- text ------------------------------------------------------------------------ */
 
 /* What the text table sorts: small and flat, so qsort moves 32 bytes and
@@ -549,12 +559,7 @@ tree_body(VALUE arg)
  * self:, total:, run_nodes:, run_counts:}: the stack tree of the raw
  * samples (node 0 the root, parent -1; frame indexes frame_ids) and the
  * samples in time order as runs of leaf nodes. */
-static VALUE
-native_report_tree(VALUE self, VALUE result, VALUE keep)
-{
-    report_args_t a = { NULL, result, keep, 0 };
-    return report_run(tree_body, &a, &a.r);
-}
+REPORT_METHOD(tree)
 
 /* ---- folded stacks --------------------------------------------------------------- */
 
@@ -621,12 +626,7 @@ folded_body(VALUE arg)
 /* Strobe::Native.report_folded(result, keep) -> String: one line per
  * distinct stack, "root;...;leaf count", as flamegraph.pl, inferno and
  * speedscope read them. */
-static VALUE
-native_report_folded(VALUE self, VALUE result, VALUE keep)
-{
-    report_args_t a = { NULL, result, keep, 0 };
-    return report_run(folded_body, &a, &a.r);
-}
+REPORT_METHOD(folded)
 
 /* ---- Graphviz ------------------------------------------------------------------- */
 
@@ -850,12 +850,7 @@ callgrind_body(VALUE arg)
 /* Strobe::Native.report_callgrind(result, keep) -> String in the callgrind
  * format (KCachegrind, callgrind_annotate): self samples per line, calls
  * with their inclusive samples. */
-static VALUE
-native_report_callgrind(VALUE self, VALUE result, VALUE keep)
-{
-    report_args_t a = { NULL, result, keep, 0 };
-    return report_run(callgrind_body, &a, &a.r);
-}
+REPORT_METHOD(callgrind)
 
 /* ---- files --------------------------------------------------------------------------- */
 
@@ -923,12 +918,7 @@ files_body(VALUE arg)
 /* Strobe::Native.report_files(result, keep) -> [[file, total, self], ...]:
  * per source file, the samples with one of its frames anywhere on the
  * stack (once per sample) and with one on top. Needs raw data. */
-static VALUE
-native_report_files(VALUE self, VALUE result, VALUE keep)
-{
-    report_args_t a = { NULL, result, keep, 0 };
-    return report_run(files_body, &a, &a.r);
-}
+REPORT_METHOD(files)
 
 /* ---- a method's frames and callers ------------------------------------------------- */
 
