@@ -411,5 +411,25 @@ class TestCLIReport < Minitest::Test
   ensure
     writer&.close
   end
+
+  def test_walk_goes_from_a_method_to_its_callees_and_callers
+    Strobe.save(fixture, path("p.json"))
+    out = StringIO.new
+    err = StringIO.new
+    input = StringIO.new("2\n9\nx\n1\n\n")
+    status = Strobe::CLI.new(["report", path("p.json"), "--method", "Worker#spin", "--walk"],
+                             out: out, err: err, input: input).run
+    assert_equal [0, ""], [status, err.string]
+    text = out.string
+    assert_match(/\AWorker#spin \(main\.rb:2\)/, text)
+    assert_match(/Select next method:\n +1\)  <main>\n +2\)  Worker#tick\n +3\)  exit\n/, text)
+    assert_match(/^Worker#tick \(main\.rb:7\)/, text, "2 went to the callee")
+    assert_match(/Not a choice: 9 \(1 to 2; a blank line or 2 exits\)/, text)
+    assert_match(/Not a choice: x/, text)
+    assert_match(/^Worker#spin \(main\.rb:2\)[^\n]*\n.*\z/m, text.split("Worker#tick (main.rb:7)").last, "1 went back to the caller")
+    status, _, err = cli("report", path("p.json"), "--walk")
+    assert_equal 1, status
+    assert_one_error_line err, /--walk goes with --method/
+  end
 end
 

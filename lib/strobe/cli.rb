@@ -23,10 +23,11 @@ module Strobe
     # A command line that cannot be carried out; its message is shown as is.
     class UsageError < StandardError; end
 
-    def initialize(argv, out: $stdout, err: $stderr)
+    def initialize(argv, out: $stdout, err: $stderr, input: $stdin)
       @argv = argv.dup
       @out = out
       @err = err
+      @in = input
     end
 
     # Runs the command line and returns the exit status.
@@ -236,6 +237,9 @@ module Strobe
         parser.on("--thread ID", Integer, "Only the samples of thread ID (a key of the profile's threads; needs --raw)") do |id|
           settings[:thread] = id
         end
+        parser.on("--walk", "With --method: then choose a caller or callee to show next, and so on") do
+          settings[:walk] = true
+        end
         parser.on("-o", "--out FILE", "Write the report to FILE instead of standard output") { |f| settings[:out] = f }
         parser.on("--marshal", "Also load Marshal dumps (stackprof's format). Marshal data can run code: " \
                                "only for files you trust") { settings[:marshal] = true }
@@ -283,7 +287,9 @@ module Strobe
 
     # Loads, merges and reports; returns the exit status.
     def print_report(paths, limit:, sort_by_total:, thread: nil, format: nil, format_arg: nil, filters: {},
-                     node_fraction: 0.005, out: nil, marshal: false)
+                     node_fraction: 0.005, out: nil, marshal: false, walk: false)
+      raise UsageError, "report: --walk goes with --method NAME" if walk && format != :method
+
       results = []
       paths.each do |path|
         result = load_profile(path, marshal: marshal)
@@ -296,6 +302,10 @@ module Strobe
         result = Merge.results(results, paths)
         report = Report.new(result, thread: thread, **filters)
         write_report(out) do |io|
+          if walk
+            report.walk_method(@in, io, method_pattern(format_arg))
+            next 0
+          end
           render(report, io, format || :text, format_arg, limit: limit, sort_by_total: sort_by_total,
                                                           node_fraction: node_fraction)
         end

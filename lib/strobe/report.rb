@@ -182,6 +182,24 @@ module Strobe
       end
     end
 
+    # print_method, then a numbered list of the callers and callees to go to
+    # next, read from input, until "exit", a blank line or the end of input;
+    # what `strobe report --method NAME --walk` does.
+    def walk_method(input, io, name)
+      loop do
+        print_method(io, name)
+        choices = neighbour_names(name) + [:exit]
+        io.puts
+        io.puts "Select next method:"
+        choices.each_with_index { |choice, i| io.printf("%3d)  %s\n", i + 1, choice) }
+        choice = read_choice(input, io, choices)
+        return if choice.nil? || choice == :exit
+
+        name = choice
+        io.puts
+      end
+    end
+
     # A Graphviz (DOT) call graph: frames with at least node_fraction of all
     # samples in total; render with `dot -Tsvg`.
     def print_graphviz(io = $stdout, node_fraction: 0.005)
@@ -279,6 +297,33 @@ module Strobe
       io.puts "  code:"
       first = frame[:line].is_a?(Integer) ? frame[:line] : lines.keys.min
       ReportSource.new(frame[:file].to_s, lines, self).print(io, first..lines.keys.max, indent: "  ")
+    end
+
+    # The names of the callers (most samples first), then of the callees, of
+    # the frames print_method shows for name.
+    def neighbour_names(name)
+      all = @result[:frames]
+      Native.report_method(@result, kept_ids, name).flat_map do |id, callers|
+        callees = (all[id][:edges] || {}).select { |callee, _| all.key?(callee) }
+        [callers, callees].flat_map { |counts| counts.sort_by { |other, count| [-count.to_i, all[other][:name].to_s] } }
+                          .map { |other, _| all[other][:name].to_s }
+      end.uniq
+    end
+
+    # A number from input naming one of choices (asked again until it does);
+    # nil at the end of input or on a blank line.
+    def read_choice(input, io, choices)
+      loop do
+        io.print "> "
+        io.flush if io.respond_to?(:flush)
+        line = input.gets
+        return nil if line.nil? || line.strip.empty?
+
+        index = Integer(line.strip, exception: false)
+        return choices[index - 1] if index&.between?(1, choices.size)
+
+        io.puts "Not a choice: #{line.strip} (1 to #{choices.size}; a blank line or #{choices.size} exits)"
+      end
     end
 
     # A frame's {line => [total, self]}, checked.
