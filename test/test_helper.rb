@@ -7,12 +7,13 @@ require "open3"
 require "timeout"
 
 # Every test runs with compaction after each major GC: profiler tables must
-# survive objects moving under them. Not in `rake test:asan`: with the
-# sanitizer-built extension loaded, Ruby 3.1 sometimes finds minitest's own
-# Thread::Queue broken ("not initialized") before any test has run, when
-# the whole suite is loaded with auto-compaction on (7 loads in 15; never
-# with the release build, with or without the sanitizer runtime preloaded).
-# The tests that call GC.compact themselves still run there.
+# survive objects moving under them. Not in `rake test:asan`: loading the
+# whole suite with auto-compaction on sometimes leaves minitest's own
+# Thread::Queue broken ("not initialized") before any test has run. Seen
+# with the sanitizer build (7 loads in 15), with the release build under
+# the preloaded sanitizer runtime (4 in 20) and with an -O1 build (3 in 20);
+# not with the -O2 release build alone (0 in 45), nor with auto-compaction
+# off. Cause not found. Tests that call GC.compact themselves still run.
 GC.auto_compact = true unless ENV["STROBE_TEST_NO_AUTO_COMPACT"]
 
 module StrobeTestHelpers
