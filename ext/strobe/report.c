@@ -249,37 +249,43 @@ out_u64(out_t *o, uint64_t n, int width)
     o->len += (size_t)len;
 }
 
-/* "(12.3%)" right-aligned in 8 columns, exactly as Ruby's
- * format("%8s", format("(%2.1f%%)", 100.0 * count / samples)) prints it.
- * The tenths are count * 1000 / samples rounded in integers, which is what
- * printf makes of the double unless the exact value is a tie (there the
- * double's own rounding error decides, so printf is asked). */
-static void
-out_pct(out_t *o, uint64_t count, uint64_t samples)
+/* 100 * count / samples with one decimal, into buf (at least 32 bytes),
+ * exactly as Ruby's format("%.1f", 100.0 * count / samples) writes it;
+ * returns the length. The tenths are count * 1000 / samples rounded in
+ * integers, which is what printf makes of the double unless the exact
+ * value is a tie (there the double's own rounding error decides, so printf
+ * is asked). */
+static int
+format_percent(char *buf, uint64_t count, uint64_t samples)
 {
-    char tmp[32];
-    int len;
     uint64_t tenths = 0, rem = 0;
     if (samples && count <= UINT64_MAX / 1000) {
         tenths = count * 1000 / samples;
         rem = count * 1000 % samples;
     }
-    if (!samples || count > UINT64_MAX / 1000 || rem > UINT64_MAX / 2 || rem * 2 == samples) {
-        double pct = samples ? 100.0 * (double)count / (double)samples : 0.0;
-        len = snprintf(tmp, sizeof(tmp), "(%2.1f%%)", pct);
-    } else {
-        if (rem * 2 > samples) tenths++;
-        char *p = tmp + sizeof(tmp);
-        *--p = ')';
-        *--p = '%';
-        *--p = (char)('0' + tenths % 10);
-        *--p = '.';
-        uint64_t whole = tenths / 10;
-        do { *--p = (char)('0' + whole % 10); whole /= 10; } while (whole);
-        *--p = '(';
-        len = (int)(tmp + sizeof(tmp) - p);
-        memmove(tmp, p, (size_t)len);
-    }
+    if (!samples || count > UINT64_MAX / 1000 || rem > UINT64_MAX / 2 || rem * 2 == samples)
+        return snprintf(buf, 32, "%.1f", samples ? 100.0 * (double)count / (double)samples : 0.0);
+    if (rem * 2 > samples) tenths++;
+    char tmp[32], *p = tmp + sizeof(tmp);
+    *--p = (char)('0' + tenths % 10);
+    *--p = '.';
+    uint64_t whole = tenths / 10;
+    do { *--p = (char)('0' + whole % 10); whole /= 10; } while (whole);
+    int len = (int)(tmp + sizeof(tmp) - p);
+    memcpy(buf, p, (size_t)len);
+    return len;
+}
+
+/* "(12.3%)" right-aligned in 8 columns, as Ruby's
+ * format("%8s", format("(%2.1f%%)", 100.0 * count / samples)). */
+static void
+out_pct(out_t *o, uint64_t count, uint64_t samples)
+{
+    char tmp[40];
+    tmp[0] = '(';
+    int len = 1 + format_percent(tmp + 1, count, samples);
+    tmp[len++] = '%';
+    tmp[len++] = ')';
     out_reserve(o, 8 + (size_t)len);
     for (int i = len; i < 8; i++) o->buf[o->len++] = ' ';
     memcpy(o->buf + o->len, tmp, (size_t)len);
@@ -645,11 +651,13 @@ out_dot_escaped(out_t *o, VALUE str)
     }
 }
 
+/* "12.3%" */
 static void
-out_percent2(out_t *o, uint64_t count, uint64_t samples)
+out_percent(out_t *o, uint64_t count, uint64_t samples)
 {
-    char tmp[32];
-    int len = snprintf(tmp, sizeof(tmp), "%.1f%%", samples ? 100.0 * (double)count / (double)samples : 0.0);
+    char tmp[40];
+    int len = format_percent(tmp, count, samples);
+    tmp[len++] = '%';
     out_mem(o, tmp, (size_t)len);
 }
 
@@ -712,11 +720,11 @@ graphviz_body(VALUE arg)
         OUT_LIT(o, "\\n");
         out_u64(o, f->self, 0);
         OUT_LIT(o, " (");
-        out_percent2(o, f->self, r->samples);
+        out_percent(o, f->self, r->samples);
         OUT_LIT(o, ") self\\n");
         out_u64(o, f->total, 0);
         OUT_LIT(o, " (");
-        out_percent2(o, f->total, r->samples);
+        out_percent(o, f->total, r->samples);
         OUT_LIT(o, ") total\", fontsize=");
         int len = snprintf(tmp, sizeof(tmp), "%.1f", 10.0 + 30.0 * (double)f->self / (double)max_self);
         out_mem(o, tmp, (size_t)len);

@@ -199,23 +199,26 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
 }
 #endif
 
-#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
+/* Without GVL events (Ruby 3.1) there is no hook: both do nothing. */
 static void
 gvl_hook_add(void)
 {
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
     S.gvl_hook = rb_internal_thread_add_event_hook(
         gvl_event,
         RUBY_INTERNAL_THREAD_EVENT_READY | RUBY_INTERNAL_THREAD_EVENT_RESUMED | RUBY_INTERNAL_THREAD_EVENT_SUSPENDED,
         NULL);
+#endif
 }
 
 static void
 gvl_hook_remove(void)
 {
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
     if (S.gvl_hook) rb_internal_thread_remove_event_hook(S.gvl_hook);
     S.gvl_hook = NULL;
-}
 #endif
+}
 
 /* Time modes: follow GVL states where Ruby reports them. Before the
  * running threads are registered, so no change after a thread's initial
@@ -227,17 +230,13 @@ gvl_states_start(void)
     S.track_states = 1;
     strobe_profile.track_states = 1;
     gvl_hook_add();
-#else
-    S.track_states = 0;
 #endif
 }
 
 static void
 gvl_states_stop(void)
 {
-#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
     gvl_hook_remove();
-#endif
     S.track_states = 0;
 }
 
@@ -245,24 +244,14 @@ gvl_states_stop(void)
  * a fork while another thread is inside a hook leaves it read-locked in the
  * child, and the child's next rb_internal_thread_add_event_hook() waits
  * forever (seen on 3.3.8). So the hook is taken out around fork (removing
- * waits for running hooks to finish) and put back in the parent; events
- * during the fork itself are not seen, so a state may lag until the
- * thread's next GVL event. */
-static void
-gvl_hook_pause_for_fork(void)
-{
-#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
-    gvl_hook_remove();
-#endif
-}
-
+ * waits for running hooks to finish; see atfork_prepare) and put back in
+ * the parent; events during the fork itself are not seen, so a state may
+ * lag until the thread's next GVL event. Profiling stops in the child. */
 static void
 gvl_hook_resume_after_fork(int in_child)
 {
-#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
-    if (S.track_states && !in_child) gvl_hook_add();
-#endif
-    if (in_child) S.track_states = 0; /* profiling stops in the child */
+    if (in_child) S.track_states = 0;
+    else if (S.track_states) gvl_hook_add();
 }
 
 /* ---- hand-off -------------------------------------------------------------- */
@@ -312,32 +301,29 @@ gc_kind_now(void)
     return STROBE_FRAME_GC;
 }
 
+/* What a sample taken now records: STROBE_FRAME_RUBY (read the frames),
+ * the GC phase while GC runs (frames cannot be read safely while GC moves
+ * objects), or -1 when GC samples are ignored. Signal context too. */
+static int
+sample_kind_now(void)
+{
+    if (!rb_during_gc()) return STROBE_FRAME_RUBY;
+    return strobe_profile.ignore_gc ? -1 : gc_kind_now();
+}
+
 /* Takes one sample on the calling thread. Returns 1 if captured. */
 static int
 sample_thread(strobe_thread_t *t, int *unchanged)
 {
-    int gc_kind = STROBE_FRAME_RUBY;
     /* The GC count before the during-GC flag: Ruby raises the flag before
      * it counts a GC, so with the flag clear afterwards every GC in the
      * count has finished and any GC overlapping the capture counts past it
      * (capture.c relies on this). */
     size_t gc_epoch = rb_gc_count();
     atomic_thread_fence(memory_order_acquire);
-    if (rb_during_gc()) {
-        /* Frames cannot be read safely while GC moves objects. */
-        if (strobe_profile.ignore_gc) return -1;
-        gc_kind = gc_kind_now();
-    }
+    int gc_kind = sample_kind_now();
+    if (gc_kind < 0) return -1;
     return strobe_capture(t, gc_kind, gc_epoch, strobe_now_us(), unchanged);
-}
-
-/* The calling thread's CPU time; async-signal-safe. */
-static int64_t
-own_cpu_ns(void)
-{
-    struct timespec ts;
-    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return -1;
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 static void
@@ -360,7 +346,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         int unchanged = 0;
         int r = sample_thread(t, &unchanged);
         if (r == 0) strobe_profile_add_missed(1);
-        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? own_cpu_ns() : -1);
+        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) : -1);
         atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
     } else if (sample_thread(t, NULL) == 0) {
         strobe_profile_add_missed(1);
@@ -400,14 +386,6 @@ record_repeats(void *arg)
     }
 }
 
-static int64_t
-clock_ns(clockid_t clock)
-{
-    struct timespec ts;
-    if (clock_gettime(clock, &ts) != 0) return -1;
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void
 send_signal(const strobe_thread_t *t)
 {
@@ -425,7 +403,7 @@ timer_main(void *arg)
      * as not having run. */
     const int64_t idle_ns = interval_ns / 4 < STROBE_IDLE_CPU_NS ? interval_ns / 4 : STROBE_IDLE_CPU_NS;
     static strobe_thread_t *idle_threads[STROBE_MAX_THREADS];
-    int64_t next = clock_ns(CLOCK_MONOTONIC);
+    int64_t next = strobe_clock_ns(CLOCK_MONOTONIC);
     /* Ended threads' entries are checked every 10 ms or so: a probe
      * syscall each, not worth making every tick. */
     const uint64_t reclaim_every = S.interval >= 10000 ? 1 : (uint64_t)(10000 / S.interval);
@@ -454,7 +432,7 @@ timer_main(void *arg)
             strobe_thread_t *t = strobe_threads_at(i);
             if (atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
             live++;
-            int64_t cpu = clock_ns(t->cpu_clock);
+            int64_t cpu = strobe_clock_ns(t->cpu_clock);
             if (cpu < 0) continue; /* thread is gone */
             if (S.mode == STROBE_MODE_CPU) {
                 if (cpu - t->cpu_last_ns < interval_ns) continue;
@@ -505,7 +483,7 @@ timer_main(void *arg)
          * missed rather than let the rate drop silently. (In CPU mode the
          * next check sees the CPU time used and counts what it cannot
          * sample, above.) */
-        int64_t now = clock_ns(CLOCK_MONOTONIC);
+        int64_t now = strobe_clock_ns(CLOCK_MONOTONIC);
         if (now - next > interval_ns) {
             if (S.mode == STROBE_MODE_WALL)
                 strobe_profile_add_missed((uint64_t)((now - next) / interval_ns) * (uint64_t)live);
@@ -746,12 +724,11 @@ strobe_sampler_sample_now(void)
      * the ring is drained first (keeping order) and the profile locked. */
     int timed = S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU;
     int taken = 1;
-    int gc_kind = STROBE_FRAME_RUBY;
+    int gc_kind = sample_kind_now();
     int depth = 0;
-    if (rb_during_gc()) {
-        if (strobe_profile.ignore_gc) taken = -1;
-        gc_kind = gc_kind_now();
-    } else {
+    if (gc_kind < 0) {
+        taken = -1;
+    } else if (gc_kind == STROBE_FRAME_RUBY) {
         depth = rb_profile_frames(0, STROBE_MAX_DEPTH, t->scratch_frames, t->scratch_lines);
         if (depth <= 0) taken = 0; /* no Ruby frame to attribute it to */
     }
@@ -768,15 +745,14 @@ strobe_sampler_sample_now(void)
         t->scratch_depth = depth;
         t->scratch_gc_kind = (uint8_t)gc_kind;
         t->scratch_time = now;
-        if (strobe_profile_locked(drain_then_record_scratch, t) < 0) {
-            atomic_store(&t->in_handler, 0);
-            rb_memerror();
-        }
-    } else if (taken == 0) {
-        strobe_profile_add_missed(1);
+        int failed = strobe_profile_locked(drain_then_record_scratch, t) < 0;
+        atomic_store(&t->in_handler, 0);
+        if (failed) rb_memerror();
+        return 1;
     }
+    if (taken == 0) strobe_profile_add_missed(1);
     atomic_store(&t->in_handler, 0);
-    return taken == 1;
+    return 0;
 }
 
 void
@@ -794,7 +770,7 @@ strobe_sampler_mark(void)
 static void
 atfork_prepare(void)
 {
-    gvl_hook_pause_for_fork();
+    gvl_hook_remove(); /* see gvl_hook_resume_after_fork */
     strobe_threads_lock();
     strobe_profile_lock();
 }

@@ -131,13 +131,21 @@ void strobe_capture_abandon(void);
 /* Under the profile lock, during GC marking: pin frames of slots not yet
  * drained. */
 void strobe_capture_mark(void);
+/* Async-signal-safe: a clock in nanoseconds, -1 if it cannot be read (a
+ * dead thread's CPU clock). */
+static inline int64_t
+strobe_clock_ns(clockid_t clock)
+{
+    struct timespec ts;
+    if (clock_gettime(clock, &ts) != 0) return -1;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* Async-signal-safe: CLOCK_MONOTONIC in microseconds. */
 static inline int64_t
 strobe_now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return strobe_clock_ns(CLOCK_MONOTONIC) / 1000;
 }
 
 /* ---- threads.c: the registry ------------------------------------------- */

@@ -172,9 +172,8 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
     t->profile_index = -1;
     atomic_store(&t->idle_cpu_ns, -1);
     atomic_store(&t->gvl_state, (uint8_t)state);
-    struct timespec ts;
-    if (clock_gettime(t->cpu_clock, &ts) == 0)
-        t->cpu_last_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    int64_t cpu = strobe_clock_ns(t->cpu_clock);
+    if (cpu >= 0) t->cpu_last_ns = cpu;
     atomic_store_explicit(&t->state, STROBE_THREAD_LIVE, memory_order_release);
     if (t->index == atomic_load(&entries_len))
         atomic_store_explicit(&entries_len, t->index + 1, memory_order_release);

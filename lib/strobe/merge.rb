@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "profile_file"
+
 module Strobe
   # Merges results of the same mode and interval (several processes, or
   # several runs) into one result, for `strobe report A.json B.json`.
@@ -10,7 +12,9 @@ module Strobe
   # samples are concatenated in the order given, threads are merged by id.
   module Merge
     COUNTS = %i[samples gc_samples missed_samples].freeze
-    RAW_KEYS = %i[raw raw_lines raw_sample_timestamps raw_timestamp_deltas raw_sample_threads raw_sample_states].freeze
+    RAW_KEYS = ProfileFile::RAW_KEYS
+    # Per-sample arrays merged by concatenation.
+    PER_SAMPLE_KEYS = RAW_KEYS - %i[raw raw_lines]
 
     module_function
 
@@ -92,7 +96,7 @@ module Strobe
       list.zip(maps).each { |r, map| raw.concat(Native.remap_raw(r[:raw], map)) }
       merged[:raw] = raw
       merged[:raw_lines] = list.flat_map { |r| r[:raw_lines] || [] } if list.all? { |r| r[:raw_lines] }
-      %i[raw_sample_timestamps raw_timestamp_deltas raw_sample_threads raw_sample_states].each do |key|
+      PER_SAMPLE_KEYS.each do |key|
         merged[key] = list.flat_map { |r| r[key] } if list.all? { |r| r[key].is_a?(Array) }
       end
     end

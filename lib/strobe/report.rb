@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "report_source"
+require_relative "profile_file"
 
 module Strobe
   # Reports on a result Hash (stackprof 0.2.27's shape, as returned by
@@ -369,7 +370,7 @@ module Strobe
       threads.sort_by { |id, t| [-t[:samples].to_i, id.to_s] }.each do |id, t|
         states = t[:states]
         total = [states.values.sum, 1].max
-        shares = %i[running waiting blocked].map { |s| format("%5.1f%%", 100.0 * states[s].to_i / total) }
+        shares = ProfileFile::THREAD_STATES.map { |s| format("%5.1f%%", 100.0 * states[s].to_i / total) }
         label = t[:name] ? "#{id} (#{t[:name]})" : id.to_s
         io.puts format("    %-28s %8d samples  %s", label, t[:samples].to_i, shares.join(" / "))
       end
