@@ -3,7 +3,8 @@
 # Report speed, Strobe vs stackprof on the same data in the same run: a
 # generated raw profile of BENCH_SAMPLES samples (bench/report_data.rb: about
 # 4,800 frames, stacks 10 to 60 deep, realistic runs), then each report
-# written to /dev/null, BENCH_REPS times each, median reported:
+# written to /dev/null, BENCH_REPS times each (more for a report taking
+# under 50 ms: see measure), median reported:
 #
 #   text          Strobe::Report#print_text     StackProf::Report#print_text
 #   method        #print_method(name)           #print_method(name)
@@ -20,7 +21,8 @@
 #   ruby -Ilib bench/report.rb
 #
 # Settings: BENCH_SAMPLES (1000000), BENCH_REPS (5; stackprof's
-# stackcollapse, which takes minutes at a million samples, runs once).
+# stackcollapse, which takes minutes at a million samples, runs once),
+# BENCH_REPORTS (all; or a comma-separated list such as "text,method").
 
 require_relative "bench_helper"
 require_relative "report_data"
@@ -29,6 +31,7 @@ module ReportBench
   SAMPLES = Bench.env_int("BENCH_SAMPLES", 1_000_000)
   REPS = Bench.env_int("BENCH_REPS", 5)
   BUDGET = 20.0
+  ONLY = ENV.fetch("BENCH_REPORTS", "").split(",").map(&:strip).reject(&:empty?)
 
   module_function
 
@@ -36,12 +39,21 @@ module ReportBench
     @null ||= File.open(File::NULL, "w")
   end
 
-  # Median seconds of reps runs of the block; setup (untimed) runs before each.
+  # Median seconds of the block's runs: reps of them, and more (up to 101)
+  # while they add up to under a quarter of a second, so a report taking
+  # under a millisecond is not judged by five runs and their first-touch
+  # page faults. setup (untimed) runs before each.
   def measure(reps, setup: -> {})
-    Bench.median(Array.new(reps) do
+    times = []
+    while times.size < reps || (times.sum < 0.25 && times.size < 101)
       arg = setup.call
-      Bench.time { yield arg }
-    end)
+      times << Bench.time { yield arg }
+    end
+    Bench.median(times)
+  end
+
+  def ms(seconds)
+    format(seconds < 0.01 ? "%.2f" : "%.1f", seconds * 1000)
   end
 
   def with_stdout(io)
@@ -87,7 +99,11 @@ module ReportBench
                           .map { |f| f[:name] }.find { |n| names.count { |m| m.include?(n) } == 1 }
     puts format("%d frames, %d raw entries, built in %.1f s; method: %s", result[:frames].size,
                 result[:raw].size, build, name)
-    rows = cases(result, name).map do |label, (ours, theirs)|
+    chosen = cases(result, name)
+    unknown = ONLY - chosen.keys
+    abort "BENCH_REPORTS: unknown report #{unknown.join(', ')} (known: #{chosen.keys.join(', ')})" unless unknown.empty?
+    chosen = chosen.slice(*ONLY) unless ONLY.empty?
+    rows = chosen.map do |label, (ours, theirs)|
       print "."
       ours_s = measure(REPS) { ours.call }
       theirs_s = theirs == :stackcollapse ? stackprof_stackcollapse(result) : measure(REPS) { theirs.call }
@@ -95,7 +111,7 @@ module ReportBench
     end
     puts
     Bench.table(%w[report Strobe\ ms stackprof\ ms times\ faster],
-                rows.map { |label, ours, theirs| [label, format("%.1f", ours * 1000), format("%.1f", theirs * 1000), format("%.1f", theirs / ours)] })
+                rows.map { |label, ours, theirs| [label, ms(ours), ms(theirs), format("%.1f", theirs / ours)] })
     rows.each do |label, ours, theirs|
       verdict = theirs / ours >= BUDGET ? "within budget" : "UNDER budget"
       puts format("%s: %.1f times faster, budget at least %.0f: %s", label, theirs / ours, BUDGET, verdict)

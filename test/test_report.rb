@@ -144,6 +144,31 @@ class TestReport < Minitest::Test
     assert out.end_with?("A#pow\n")
   end
 
+  # The C table against the same table made in Ruby: percentages as
+  # format("(%2.1f%%)") writes them (ties of the rounding included), rows in
+  # the order of #rows (count, then name byte by byte, then id), for names
+  # sharing long prefixes, differing in length, repeated, and not ASCII.
+  def test_rows_as_ruby_formats_and_sorts_them
+    rng = Random.new(7)
+    prefix = "Component::Billing::InvoiceRenderer#"
+    names = ["", "a", "ab", "ab\0", "abc", "b", "\u00e9t\u00e9", "Z"].flat_map { |n| [prefix + n, n] } +
+            Array.new(60) { |i| "#{prefix}m#{i % 23}" }
+    [1, 3, 8, 200, 2000, 999_983, 2**40 + 3, 2**62].each do |samples|
+      counts = [0, 1, 3, 5, samples, samples / 2, samples / 3, samples / 8] + Array.new(50) { rng.rand(samples + 1) }
+      counts += counts.first(20) # equal counts, to be ordered by name
+      frames = counts.each_with_index.to_h do |count, i|
+        [1000 - i, { name: names[i % names.size], file: "x.rb", line: 1, total_samples: count,
+                     samples: counts[(i * 7) % counts.size] }]
+      end
+      result = fixture(samples: samples, frames: frames)
+      pct = ->(n) { format("(%2.1f%%)", 100.0 * n / samples) }
+      expected = Strobe::Report.new(result).rows.map do |row|
+        format("%10d %8s  %10d %8s     %s\n", row.total, pct[row.total], row.self_samples, pct[row.self_samples], row.name)
+      end
+      assert_equal expected.join, text(result).lines.drop(HEADER.size).join, "samples: #{samples}"
+    end
+  end
+
   # The same table as stackprof's own text report of a stackprof result (its
   # order of equal counts is unspecified, hence the sorted lines; its header
   # differs for custom mode, "custom()").

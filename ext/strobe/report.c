@@ -22,13 +22,18 @@
  */
 #include "strobe.h"
 #include <ruby/st.h>
+#include <ruby/encoding.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
 
 #define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
 
+/* Output written straight into a Ruby String's buffer (str, created on
+ * the first write; its length is set when it is finished). */
 typedef struct {
+    VALUE str;               /* 0 until written to */
     char *buf;
     size_t len, capa;
 } out_t;
@@ -150,6 +155,7 @@ report_mark(void *ptr)
     if (!r) return;
     rb_gc_mark(r->result);
     rb_gc_mark(r->keep);
+    if (r->out.str) rb_gc_mark(r->out.str);
     for (long i = 0; i < r->len; i++) {
         rb_gc_mark(r->frames[i].name);
         rb_gc_mark(r->frames[i].file);
@@ -174,7 +180,6 @@ report_free(VALUE arg)
     xfree(r->parent); xfree(r->frame); xfree(r->self); xfree(r->total);
     xfree(r->runs_node); xfree(r->runs_count);
     xfree(r->prev_ids); xfree(r->path);
-    xfree(r->out.buf);
     for (int i = 0; i < 4; i++) xfree(r->scratch[i]);
     return Qnil;
 }
@@ -199,8 +204,15 @@ out_reserve(out_t *o, size_t more)
     if (o->len + more <= o->capa) return;
     size_t capa = o->capa ? o->capa : 4096;
     while (capa < o->len + more) capa *= 2;
-    REALLOC_N(o->buf, char, capa);
-    o->capa = capa;
+    if (capa > LONG_MAX) rb_raise(rb_eNoMemError, "report output too large");
+    if (!o->str) {
+        o->str = rb_str_buf_new((long)capa);
+    } else {
+        rb_str_set_len(o->str, (long)o->len);
+        rb_str_modify_expand(o->str, (long)(capa - o->len));
+    }
+    o->buf = RSTRING_PTR(o->str);
+    o->capa = rb_str_capacity(o->str);
 }
 
 static inline void
@@ -243,6 +255,13 @@ out_u64(out_t *o, uint64_t n, int width)
         *--p = (char)('0' + n);
     }
     int len = (int)(tmp + sizeof(tmp) - p);
+    if (width == 10 && len <= 10) { /* the table's columns: one fixed-size copy */
+        while (p > tmp + sizeof(tmp) - 10) *--p = ' ';
+        out_reserve(o, 10);
+        memcpy(o->buf + o->len, p, 10);
+        o->len += 10;
+        return;
+    }
     out_reserve(o, (size_t)(len > width ? len : width));
     for (int i = len; i < width; i++) o->buf[o->len++] = ' ';
     memcpy(o->buf + o->len, p, (size_t)len);
@@ -266,14 +285,14 @@ format_percent(char *buf, uint64_t count, uint64_t samples)
     if (!samples || count > UINT64_MAX / 1000 || rem > UINT64_MAX / 2 || rem * 2 == samples)
         return snprintf(buf, 32, "%.1f", samples ? 100.0 * (double)count / (double)samples : 0.0);
     if (rem * 2 > samples) tenths++;
-    char tmp[32], *p = tmp + sizeof(tmp);
-    *--p = (char)('0' + tenths % 10);
-    *--p = '.';
     uint64_t whole = tenths / 10;
+    int digits = 1;
+    for (uint64_t w = whole; w >= 10; w /= 10) digits++;
+    char *p = buf + digits;
+    p[0] = '.';
+    p[1] = (char)('0' + tenths % 10);
     do { *--p = (char)('0' + whole % 10); whole /= 10; } while (whole);
-    int len = (int)(tmp + sizeof(tmp) - p);
-    memcpy(buf, p, (size_t)len);
-    return len;
+    return digits + 2;
 }
 
 /* "(12.3%)" right-aligned in 8 columns, as Ruby's
@@ -281,22 +300,33 @@ format_percent(char *buf, uint64_t count, uint64_t samples)
 static void
 out_pct(out_t *o, uint64_t count, uint64_t samples)
 {
-    char tmp[40];
-    tmp[0] = '(';
-    int len = 1 + format_percent(tmp + 1, count, samples);
-    tmp[len++] = '%';
-    tmp[len++] = ')';
-    out_reserve(o, 8 + (size_t)len);
-    for (int i = len; i < 8; i++) o->buf[o->len++] = ' ';
-    memcpy(o->buf + o->len, tmp, (size_t)len);
-    o->len += (size_t)len;
+    char tmp[48];
+    memset(tmp, ' ', 8);
+    char *p = tmp + 8;
+    *p++ = '(';
+    p += format_percent(p, count, samples);
+    *p++ = '%';
+    *p++ = ')';
+    size_t len = (size_t)(p - (tmp + 8));
+    out_reserve(o, 8 + len);
+    if (len <= 8) {
+        memcpy(o->buf + o->len, p - 8, 8); /* padded on the left: one fixed-size copy */
+        o->len += 8;
+    } else {
+        memcpy(o->buf + o->len, tmp + 8, len);
+        o->len += len;
+    }
 }
 
+/* The String written: UTF-8 (names are), and the out_t empty again. */
 static VALUE
 out_finish(out_t *o)
 {
-    VALUE s = rb_utf8_str_new(o->buf ? o->buf : "", (long)o->len);
-    o->len = 0;
+    if (!o->str) return rb_utf8_str_new(0, 0);
+    VALUE s = o->str;
+    rb_str_set_len(s, (long)o->len);
+    rb_enc_associate(s, rb_utf8_encoding());
+    memset(o, 0, sizeof(*o));
     return s;
 }
 
@@ -326,31 +356,94 @@ report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
 
 /* ---- text ------------------------------------------------------------------------ */
 
-/* What the text table sorts: small and flat, so qsort moves 32 bytes and
- * compares without going through the frames. */
+/* A row of the text table: what it sorts by and everything it prints,
+ * flat, so neither sorting nor writing goes back to the frames. */
 typedef struct {
-    uint64_t count;
+    uint64_t count;          /* the column sorted by */
+    uint64_t other;          /* the other column */
     const char *name;
     long name_len;
     long id;                 /* the frame id (a Fixnum), last tie-break */
-    uint32_t pos;            /* position in report_t.frames */
+    uint64_t head;           /* while sorting ties: 8 name bytes after the shared prefix */
 } row_key_t;
 
-/* Within equal counts: by name, then frame id, so output is stable. */
-static int
-row_cmp(const void *pa, const void *pb)
+/* Big-endian load of up to 8 bytes (zero-padded): compares like memcmp. */
+static inline uint64_t
+load_be(const char *p, size_t n)
 {
-    const row_key_t *a = pa, *b = pb;
-    int c = memcmp(a->name, b->name, (size_t)(a->name_len < b->name_len ? a->name_len : b->name_len));
-    if (c) return c;
+    uint64_t v = 0;
+    if (n >= 8) {
+        memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        v = __builtin_bswap64(v);
+#endif
+        return v;
+    }
+    for (size_t i = 0; i < 8; i++) v = v << 8 | (i < n ? (unsigned char)p[i] : 0);
+    return v;
+}
+
+/* Within equal counts: by name, then frame id, so output is stable. Names
+ * are compared from skip on (a prefix all rows of the group share): first
+ * the 8 bytes kept in head, then eight bytes at a time. */
+static inline int
+row_cmp(const row_key_t *a, const row_key_t *b, size_t skip)
+{
+    if (a->head != b->head) return a->head < b->head ? -1 : 1;
+    size_t n = (size_t)(a->name_len < b->name_len ? a->name_len : b->name_len);
+    for (size_t i = skip + 8; i < n; i += 8) {
+        uint64_t x = load_be(a->name + i, n - i), y = load_be(b->name + i, n - i);
+        if (x != y) return x < y ? -1 : 1;
+    }
     if (a->name_len != b->name_len) return a->name_len < b->name_len ? -1 : 1;
     return (a->id > b->id) - (a->id < b->id);
 }
 
-/* Most samples first, then row_cmp. Counts are sorted without comparisons
- * (a stable radix sort, 8 bits a pass, as many passes as the largest count
- * needs); only rows of equal count are compared, and mostly there are few. */
+/* Length of the name prefix all n keys share; sets each key's head to the
+ * 8 bytes after it (zero-padded: a name that ends there sorts first, and
+ * one continuing with zero bytes is told apart by row_cmp's length check). */
+static size_t
+common_prefix(row_key_t *keys, size_t n)
+{
+    size_t lcp = (size_t)keys[0].name_len;
+    for (size_t i = 1; i < n && lcp; i++) {
+        size_t j = 0, m = (size_t)keys[i].name_len < lcp ? (size_t)keys[i].name_len : lcp;
+        while (j < m && keys[i].name[j] == keys[0].name[j]) j++;
+        lcp = j;
+    }
+    for (size_t i = 0; i < n; i++) keys[i].head = load_be(keys[i].name + lcp, (size_t)keys[i].name_len - lcp);
+    return lcp;
+}
+
+/* Sorts keys[0..n) by row_cmp: insertion sort for short runs, merging
+ * through tmp above. */
 static void
+sort_ties(row_key_t *keys, row_key_t *tmp, size_t n, size_t skip)
+{
+    if (n <= 12) {
+        for (size_t i = 1; i < n; i++) {
+            row_key_t k = keys[i];
+            size_t j = i;
+            while (j > 0 && row_cmp(&k, &keys[j - 1], skip) < 0) { keys[j] = keys[j - 1]; j--; }
+            keys[j] = k;
+        }
+        return;
+    }
+    size_t half = n / 2;
+    sort_ties(keys, tmp, half, skip);
+    sort_ties(keys + half, tmp, n - half, skip);
+    if (row_cmp(&keys[half - 1], &keys[half], skip) <= 0) return; /* already in order */
+    memcpy(tmp, keys, half * sizeof(row_key_t));
+    size_t i = 0, j = half, k = 0;
+    while (i < half && j < n) keys[k++] = row_cmp(&keys[j], &tmp[i], skip) < 0 ? keys[j++] : tmp[i++];
+    while (i < half) keys[k++] = tmp[i++];
+}
+
+/* Most samples first, then row_cmp; returns the sorted array, keys or tmp.
+ * Counts are sorted without comparisons (a stable radix sort, 8 bits a
+ * pass, as many passes as the largest count needs, between the two
+ * arrays); only rows of equal count are compared. */
+static row_key_t *
 sort_rows(row_key_t *keys, row_key_t *tmp, size_t n)
 {
     uint64_t max = 0;
@@ -362,14 +455,15 @@ sort_rows(row_key_t *keys, row_key_t *tmp, size_t n)
         size_t sum = 0;
         for (size_t d = 0; d < 256; d++) { size_t c = bucket[d]; bucket[d] = sum; sum += c; }
         for (size_t i = 0; i < n; i++) tmp[bucket[0xff - ((keys[i].count >> shift) & 0xff)]++] = keys[i];
-        memcpy(keys, tmp, n * sizeof(row_key_t));
+        row_key_t *t = keys; keys = tmp; tmp = t;
     }
     for (size_t start = 0; start < n;) {
         size_t end = start + 1;
         while (end < n && keys[end].count == keys[start].count) end++;
-        if (end - start > 1) qsort(keys + start, end - start, sizeof(row_key_t), row_cmp);
+        if (end - start > 1) sort_ties(keys + start, tmp, end - start, common_prefix(keys + start, end - start));
         start = end;
     }
+    return keys;
 }
 
 typedef struct {
@@ -388,23 +482,27 @@ text_body(VALUE arg)
     row_key_t *keys = r->scratch[0] = ALLOC_N(row_key_t, r->len ? r->len : 1);
     for (long i = 0; i < r->len; i++) {
         const rframe_t *f = &r->frames[i];
-        keys[i] = (row_key_t){ a->sort_by_total ? f->total : f->self, RSTRING_PTR(f->name), RSTRING_LEN(f->name),
-                               FIX2LONG(f->id), (uint32_t)i };
+        keys[i] = (row_key_t){ a->sort_by_total ? f->total : f->self, a->sort_by_total ? f->self : f->total,
+                               RSTRING_PTR(f->name), RSTRING_LEN(f->name), FIX2LONG(f->id), 0 };
     }
-    sort_rows(keys, r->scratch[1] = ALLOC_N(row_key_t, r->len ? r->len : 1), (size_t)r->len);
+    keys = sort_rows(keys, r->scratch[1] = ALLOC_N(row_key_t, r->len ? r->len : 1), (size_t)r->len);
     long n = a->limit >= 0 && a->limit < r->len ? a->limit : r->len;
     out_t *o = &r->out;
+    size_t size = 0; /* each row is 43 bytes and its name, unless counts are huge */
+    for (long i = 0; i < n; i++) size += 43 + (size_t)keys[i].name_len;
+    out_reserve(o, size);
     for (long i = 0; i < n; i++) {
-        const rframe_t *f = &r->frames[keys[i].pos];
-        out_u64(o, f->total, 10);
+        const row_key_t *k = &keys[i];
+        uint64_t total = a->sort_by_total ? k->count : k->other, self = a->sort_by_total ? k->other : k->count;
+        out_u64(o, total, 10);
         OUT_LIT(o, " ");
-        out_pct(o, f->total, r->samples);
+        out_pct(o, total, r->samples);
         OUT_LIT(o, "  ");
-        out_u64(o, f->self, 10);
+        out_u64(o, self, 10);
         OUT_LIT(o, " ");
-        out_pct(o, f->self, r->samples);
+        out_pct(o, self, r->samples);
         OUT_LIT(o, "     ");
-        out_str(o, f->name);
+        out_mem(o, k->name, (size_t)k->name_len);
         OUT_LIT(o, "\n");
     }
     return out_finish(o);
@@ -600,8 +698,7 @@ folded_body(VALUE arg)
         if (memchr(p, ';', (size_t)n) || memchr(p, '\n', (size_t)n) || memchr(p, '\r', (size_t)n)) {
             out_t fixed = { 0 };
             out_folded_name(&fixed, name);
-            name = rb_str_new(fixed.buf, (long)fixed.len);
-            xfree(fixed.buf);
+            name = out_finish(&fixed);
         }
         rb_ary_push(names, name);
     }
