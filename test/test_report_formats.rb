@@ -128,6 +128,19 @@ class TestReportFormats < Minitest::Test
       assert_includes out, "<svg"
       %w[A#run A#pow A#concat;x].each { |name| assert_includes out, name }
     end
+    # Each edge: the caller's count of calls into the callee, drawn 1 + 4 *
+    # its share of all samples wide.
+    names = dot.scan(/^  (f\d+) \[label="(.*?)\\n/).to_h
+    edges = dot.scan(/^  (f\d+) -> (f\d+) \[label="(\d+)", penwidth=([\d.]+)\];$/)
+               .map { |from, to, count, width| [names.fetch(from), names.fetch(to), count.to_i, width] }
+    result = raw_fixture
+    expected = result[:frames].values.flat_map do |frame|
+      (frame[:edges] || {}).map do |callee, count|
+        [frame[:name], result[:frames][callee][:name], count, format("%.2f", 1 + 4.0 * count / result[:samples])]
+      end
+    end
+    assert_equal expected.sort, edges.sort
+    assert_equal 4, edges.size
     # Frames under the fraction are left out.
     refute_includes output(report, :print_graphviz, node_fraction: 0.5), "A#concat"
     assert_raises(ArgumentError) { output(report, :print_graphviz, node_fraction: 2) }

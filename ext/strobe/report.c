@@ -231,17 +231,20 @@ out_str(out_t *o, VALUE str)
 
 #define OUT_LIT(o, lit) out_mem((o), (lit), sizeof(lit) - 1)
 
-/* n right-aligned in width columns (wider numbers take what they need). */
+/* n right-aligned in width columns (wider numbers take what they need),
+ * its digits written in place, two at a time (most numbers are small). */
 static inline void
 out_u64(out_t *o, uint64_t n, int width)
 {
-    /* Two digits per division: most numbers written are small. */
     static const char pairs[201] =
         "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
         "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
         "8081828384858687888990919293949596979899";
-    char tmp[24];
-    char *p = tmp + sizeof(tmp);
+    int digits = 1;
+    for (uint64_t v = n; v >= 10; v /= 10) digits++;
+    size_t len = (size_t)(digits > width ? digits : width);
+    out_reserve(o, len);
+    char *start = o->buf + o->len, *p = start + len;
     while (n >= 100) {
         unsigned d = (unsigned)(n % 100);
         n /= 100;
@@ -254,18 +257,8 @@ out_u64(out_t *o, uint64_t n, int width)
     } else {
         *--p = (char)('0' + n);
     }
-    int len = (int)(tmp + sizeof(tmp) - p);
-    if (width == 10 && len <= 10) { /* the table's columns: one fixed-size copy */
-        while (p > tmp + sizeof(tmp) - 10) *--p = ' ';
-        out_reserve(o, 10);
-        memcpy(o->buf + o->len, p, 10);
-        o->len += 10;
-        return;
-    }
-    out_reserve(o, (size_t)(len > width ? len : width));
-    for (int i = len; i < width; i++) o->buf[o->len++] = ' ';
-    memcpy(o->buf + o->len, p, (size_t)len);
-    o->len += (size_t)len;
+    while (p > start) *--p = ' ';
+    o->len += len;
 }
 
 /* 100 * count / samples with one decimal, into buf (at least 32 bytes),
@@ -762,6 +755,8 @@ typedef struct {
     report_t *r;
     const char *shown;       /* per frame position: drawn */
     long from;
+    char prefix[32];         /* "  f<from> -> f", the same for all its edges */
+    size_t prefix_len;
 } edges_ctx_t;
 
 static int
@@ -773,21 +768,18 @@ dot_edge(VALUE callee, VALUE count, VALUE arg)
     if (to < 0 || !c->shown[to]) return ST_CONTINUE;
     uint64_t n = count_of(count, "an edge count");
     out_t *o = &r->out;
-    OUT_LIT(o, "  f");
-    out_u64(o, (uint64_t)c->from, 0);
-    OUT_LIT(o, " -> f");
+    out_mem(o, c->prefix, c->prefix_len);
     out_u64(o, (uint64_t)to, 0);
     OUT_LIT(o, " [label=\"");
     out_u64(o, n, 0);
-    /* penwidth 1 + 4 * share, in hundredths, formatted as integers */
+    /* penwidth 1 + 4 * share, in hundredths (100 to 500): "d.dd" */
     double share = r->samples ? (double)n / (double)r->samples : 0.0;
     if (share > 1.0) share = 1.0; /* a malformed count; keeps the conversion defined */
-    uint64_t hundredths = 100 + (uint64_t)(400.0 * share + 0.5);
+    unsigned hundredths = 100 + (unsigned)(400.0 * share + 0.5);
+    char width[4] = { (char)('0' + hundredths / 100), '.', (char)('0' + hundredths / 10 % 10),
+                      (char)('0' + hundredths % 10) };
     OUT_LIT(o, "\", penwidth=");
-    out_u64(o, hundredths / 100, 0);
-    OUT_LIT(o, ".");
-    out_u64(o, hundredths / 10 % 10, 0);
-    out_u64(o, hundredths % 10, 0);
+    out_mem(o, width, sizeof(width));
     OUT_LIT(o, "];\n");
     return ST_CONTINUE;
 }
@@ -829,7 +821,8 @@ graphviz_body(VALUE arg)
     }
     for (long i = 0; i < r->len; i++) {
         if (!shown[i] || NIL_P(r->frames[i].edges)) continue;
-        edges_ctx_t c = { r, shown, i };
+        edges_ctx_t c = { r, shown, i, "", 0 };
+        c.prefix_len = (size_t)snprintf(c.prefix, sizeof(c.prefix), "  f%ld -> f", i);
         rb_hash_foreach(r->frames[i].edges, dot_edge, (VALUE)&c);
     }
     OUT_LIT(o, "}\n");
