@@ -141,6 +141,8 @@ report_load(report_t *r, VALUE result, VALUE keep, int details)
     r->details = details;
     if (details) r->index = st_init_numtable(); /* text needs no lookups by id */
     r->samples = count_of(rb_hash_lookup2(result, sym_samples, Qnil), "samples");
+    r->capa = (long)RHASH_SIZE(frames) + 1; /* sized once: no copies as it fills */
+    r->frames = ALLOC_N(rframe_t, r->capa);
     rb_hash_foreach(frames, load_frame, (VALUE)r);
 }
 
