@@ -43,14 +43,15 @@ module StrobeTestHelpers
   end
 
   # Runs Ruby code in a child process with Strobe loadable.
-  def run_ruby(code, timeout: 60, env: {})
-    run_command(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code, timeout: timeout)
+  def run_ruby(code, timeout: 60, env: {}, ruby_args: [])
+    run_command(env, RbConfig.ruby, *ruby_args, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code,
+                timeout: timeout)
   end
 
   # Runs Ruby code in a child process and checks that it exits 0 having
   # printed exactly expected.
-  def assert_ruby_prints(expected, code, timeout: 60)
-    out, err, status = run_ruby(code, timeout: timeout)
+  def assert_ruby_prints(expected, code, timeout: 60, ruby_args: [])
+    out, err, status = run_ruby(code, timeout: timeout, ruby_args: ruby_args)
     assert status.success?, "exit status #{status.inspect}, stderr: #{err[0, 400]}"
     assert_equal expected, out, "stderr: #{err[0, 600]}"
   end

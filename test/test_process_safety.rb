@@ -133,4 +133,31 @@ class TestProcessSafety < Minitest::Test
     RUBY
     assert_equal "10000\n", out
   end
+
+  # Under YJIT before Ruby 3.3, reading a running thread's frames from the
+  # signal handler crashed the VM (every run at 10 kHz, on 3.1): such
+  # threads are now sampled at their next safe point, while threads blocked
+  # in C code are still read from the handler.
+  def test_yjit_programs_are_sampled_without_crashing
+    _, _, probe = run_ruby("exit(defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled? ? 0 : 1)", ruby_args: ["--yjit"])
+    skip "this Ruby has no YJIT" unless probe.success?
+
+    code = <<~RUBY
+      require "strobe"
+      def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+      %i[cpu wall].each do |mode|
+        sleeper = Thread.new { Thread.current.name = "sleeper"; sleep 0.6 }
+        sleep 0.01
+        r = Strobe.run(mode: mode, interval: 100, raw: true) do
+          t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          fib(18) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 0.4
+        end
+        sleeper.join
+        fib = r[:frames].values.find { |f| f[:name] == "Object#fib" }
+        slept = r[:threads].values.find { |t| t[:name] == "sleeper" }
+        puts [mode, fib && fib[:total_samples] > 100, mode == :cpu ? slept.nil? : slept[:samples] > 100].inspect
+      end
+    RUBY
+    assert_ruby_prints "[:cpu, true, true]\n[:wall, true, true]\n", code, ruby_args: ["--yjit"], timeout: 120
+  end
 end

@@ -53,6 +53,17 @@
  * mostly without the GVL, and only stores a byte into the thread's entry.
  * Without the hook samples carry no state and the result has no state keys.
  *
+ * YJIT before Ruby 3.3: while a thread runs JIT code its frames' pc and sp
+ * are not kept up to date, and rb_profile_frames from a signal handler
+ * crashes on them (it did here, every run, on 3.1 with --yjit). So when
+ * YJIT is on there, the handler of a thread holding the GVL (the one that
+ * may be in JIT code) does not read frames: it marks the sample owed and
+ * triggers a postponed job, which takes it at the thread's next safe point
+ * (interrupt check), as stackprof's use_postponed_job! does. Threads without
+ * the GVL (blocked, waiting for it) are in C code whose frames are current,
+ * and are still read in the handler. A deferred sample lands a little later
+ * than its signal, at a safe point; the cost of JIT safety on those Rubies.
+ *
  * Everything here except the handler, the GVL hook and the timer thread's
  * loop is called with the GVL held. Custom and object modes sample the calling thread and
  * record at once (the GVL is held; there is no timer thread).
@@ -65,6 +76,7 @@
 #include <sys/syscall.h>
 #include <ruby/vm.h>
 #include <ruby/thread.h>
+#include <ruby/version.h>
 
 static struct {
     atomic_int running;
@@ -88,7 +100,9 @@ static struct {
     int ptimer_started;
 #ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
     rb_postponed_job_handle_t job;
+    rb_postponed_job_handle_t sample_job;
 #endif
+    int defer_running;       /* this round: GVL holders sample at safe points (YJIT) */
 
     /* STROBE_SIGNAL disposition before our first start */
     struct sigaction old_action;
@@ -326,6 +340,71 @@ sample_thread(strobe_thread_t *t, int *unchanged)
     return strobe_capture(t, gc_kind, gc_epoch, strobe_now_us(), unchanged);
 }
 
+/* One time-mode sample of thread t, the calling thread, whose in_handler
+ * guard the caller holds: from the handler, or from sample_job. */
+static void
+take_sample(strobe_thread_t *t)
+{
+    if (S.mode == STROBE_MODE_WALL) {
+        /* The same stack twice: the thread is likely blocked. Its CPU time
+         * now lets the timer see whether it ran since (see timer_main). */
+        int unchanged = 0;
+        int r = sample_thread(t, &unchanged);
+        if (r == 0) strobe_profile_add_missed(1);
+        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) : -1);
+    } else if (sample_thread(t, NULL) == 0) {
+        strobe_profile_add_missed(1);
+    }
+}
+
+/* CPU a thread may use while parked (handling a signal, returning to its
+ * wait) and still count as not having run: see idle_ns in timer_main. */
+#define STROBE_IDLE_CPU_NS 20000
+
+#ifdef HAVE_RUBY_THREAD_HAS_GVL_P
+int ruby_thread_has_gvl_p(void); /* libruby exports it; no public header declares it */
+#endif
+
+/* Handler (defer_running): whether thread t may have been interrupted in
+ * JIT code. Not if it is in a blocking region (ruby_thread_has_gvl_p: 0),
+ * nor if it has used no CPU since its previous handler returned (then it
+ * is parked in C: sleep and Queue#pop leave no blocking-region mark). In
+ * :cpu mode every signalled thread has just run. */
+static int
+may_run_jit_code(const strobe_thread_t *t)
+{
+#ifdef HAVE_RUBY_THREAD_HAS_GVL_P
+    if (!ruby_thread_has_gvl_p()) return 0;
+#endif
+    if (S.mode == STROBE_MODE_CPU || t->handler_cpu_ns == 0) return 1;
+    return strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) - t->handler_cpu_ns > STROBE_IDLE_CPU_NS;
+}
+
+/* Postponed job (defer_running): GVL held, at a safe point of the thread
+ * that triggered it, where its frames are consistent even under YJIT. */
+static void
+sample_job(void *unused)
+{
+    (void)unused;
+    if (!atomic_load(&S.running)) return;
+    strobe_thread_t *t = strobe_threads_self();
+    if (!t || !atomic_exchange(&t->deferred, 0)) return;
+    if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); return; }
+    take_sample(t);
+    atomic_store(&t->in_handler, 0);
+    if (S.process_timer) strobe_profile_locked(drain, NULL);
+}
+
+static void
+trigger_sample_job(void)
+{
+#ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
+    rb_postponed_job_trigger(S.sample_job);
+#else
+    rb_postponed_job_register_one(0, sample_job, NULL);
+#endif
+}
+
 static void
 signal_handler(int sig, siginfo_t *info, void *ucontext)
 {
@@ -340,19 +419,19 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     if (!t) goto out; /* not a thread we sample */
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }
 
-    if (S.mode == STROBE_MODE_WALL) {
-        /* The same stack twice: the thread is likely blocked. Its CPU time
-         * now lets the timer see whether it ran since (see timer_main). */
-        int unchanged = 0;
-        int r = sample_thread(t, &unchanged);
-        if (r == 0) strobe_profile_add_missed(1);
-        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) : -1);
-        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
-    } else if (sample_thread(t, NULL) == 0) {
-        strobe_profile_add_missed(1);
+    if (S.defer_running && may_run_jit_code(t)) {
+        /* Owe the sample to the next safe point. One still owed from the
+         * previous signal is lost. */
+        if (atomic_exchange(&t->deferred, 1)) strobe_profile_add_missed(1);
+        atomic_store(&t->idle_cpu_ns, -1); /* it is running */
+        trigger_sample_job();
+    } else {
+        take_sample(t);
+        if (S.process_timer) trigger_drain();
     }
+    if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+    if (S.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
     atomic_store(&t->in_handler, 0);
-    if (S.process_timer) trigger_drain();
 out:
     errno = saved_errno;
 }
@@ -362,8 +441,6 @@ out:
 /* Ticks a wall-mode signal may wait to be handled before it is taken as
  * lost and sent again (the ticks meanwhile count as missed). */
 #define STROBE_PENDING_TICKS 100
-/* See idle_ns in timer_main. */
-#define STROBE_IDLE_CPU_NS 20000
 
 struct repeats {
     strobe_thread_t **threads;
@@ -611,12 +688,29 @@ newobj_hook(VALUE tpval, void *data)
 
 /* ---- public ------------------------------------------------------------------- */
 
+/* Whether YJIT is on in a Ruby whose rb_profile_frames cannot read a thread
+ * in JIT code (before 3.3; see the top of this file). The one place a Ruby
+ * version decides something: this is a property of the VM, not of an API
+ * extconf.rb could detect. */
+static int
+jit_frames_unsafe(void)
+{
+#if RUBY_API_VERSION_MAJOR > 3 || (RUBY_API_VERSION_MAJOR == 3 && RUBY_API_VERSION_MINOR >= 3)
+    return 0;
+#else
+    VALUE vm = rb_const_get(rb_cObject, rb_intern("RubyVM"));
+    if (!rb_const_defined(vm, rb_intern("YJIT"))) return 0;
+    return RTEST(rb_funcall(rb_const_get(vm, rb_intern("YJIT")), rb_intern("enabled?"), 0));
+#endif
+}
+
 const char *
 strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_timer)
 {
     if (atomic_load(&S.running)) return "already running";
 
     S.mode = mode;
+    S.defer_running = jit_frames_unsafe();
     S.interval = interval;
     S.only = only;
     atomic_store(&S.signals_sent, 0);
@@ -832,6 +926,7 @@ strobe_sampler_init(void)
     atomic_store(&S.vm_alive, 1);
 #ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
     S.job = rb_postponed_job_preregister(0, drain_job, NULL);
+    S.sample_job = rb_postponed_job_preregister(0, sample_job, NULL);
 #endif
     ruby_vm_at_exit(vm_at_exit);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);

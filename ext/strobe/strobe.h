@@ -96,6 +96,8 @@ typedef struct {
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
+    atomic_int deferred;     /* a sample is owed at the next safe point (JIT, see sampler.c) */
+    int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */
     _Atomic uint8_t gvl_state; /* STROBE_STATE_*, set by the GVL hook */
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
     int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */

@@ -1,0 +1,182 @@
+# frozen_string_literal: true
+
+# Strobe as a drop-in replacement for stackprof 0.2.27:
+#
+#   require "strobe/stackprof"   # instead of require "stackprof"
+#
+# defines StackProf with stackprof's API (run, start, stop, results,
+# running?, sample, use_postponed_job!), its options, defaults, return
+# values and errors, and its result Hash; StackProf::Report and
+# StackProf::Middleware are loaded on first use. Profiling is done by
+# Strobe. Differences from stackprof, all deliberate:
+#
+# - An option stackprof does not know raises ArgumentError naming it
+#   (stackprof ignores it); the known options' own errors come first.
+# - StackProf::Report.from_file loads a Marshal dump only when asked
+#   (from_file(path, marshal: true)), since Marshal data can run code.
+#   results(path) still writes Marshal dumps, as stackprof does, so the
+#   real stackprof reads them.
+# - :cpu mode samples every thread that uses CPU, each by its own CPU clock
+#   (stackprof's process-wide timer lands on whichever thread runs: the
+#   same threads, at the kernel's tick rate). :wall mode samples the thread
+#   that called start, as stackprof does.
+# - use_postponed_job! is accepted and changes nothing: stackprof needs it
+#   because it reads frames in its signal handler while YJIT (before Ruby
+#   3.3) leaves frames inconsistent; Strobe's handler checks that a frame is
+#   consistent before reading it (see docs/ARCHITECTURE.md).
+if defined?(StackProf) && !defined?(StackProf::STROBE)
+  raise LoadError, "strobe/stackprof: the stackprof gem is already loaded (StackProf is defined); " \
+                   "remove `require \"stackprof\"` (or `require: false` it in the Gemfile) to use Strobe's StackProf"
+end
+
+require_relative "../strobe"
+
+# stackprof's API, implemented by Strobe.
+module StackProf
+  VERSION = "0.2.27"
+  # Marks this StackProf as Strobe's (the real gem does not define it).
+  STROBE = Strobe::VERSION
+
+  autoload :Report, File.expand_path("stackprof/report", __dir__)
+  autoload :Middleware, File.expand_path("stackprof/middleware", __dir__)
+
+  # The options of StackProf.start, read as stackprof reads them.
+  class Options
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out].freeze
+    MODES = %i[wall cpu object custom].freeze
+    DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1 }.freeze
+
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out
+
+    def initialize(opts)
+      metadata = opts[:metadata]
+      raise ArgumentError, "metadata should be a hash" if metadata && !metadata.is_a?(Hash)
+
+      @metadata = metadata || {}
+      @mode = opts[:mode] || :wall
+      interval = opts[:interval]
+      unless interval.nil?
+        interval = Integer === interval ? interval : interval.to_int
+        unless interval.between?(1, 999_999)
+          raise ArgumentError, "interval is a number of microseconds between 1 and 1 million"
+        end
+      end
+      raise ArgumentError, "unknown profiler mode" unless MODES.include?(@mode)
+
+      unknown = opts.keys - KEYS
+      raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')}" unless unknown.empty?
+
+      @interval = @mode == :custom ? nil : interval || DEFAULT_INTERVAL.fetch(@mode)
+      @raw = opts[:raw] ? true : false
+      @aggregate = opts.fetch(:aggregate, true) != false
+      @ignore_gc = opts[:ignore_gc] ? true : false
+      @out = opts[:out] || nil
+    end
+
+    # The threads Strobe samples: stackprof's wall timer is forwarded to the
+    # thread that started it; its CPU timer, allocation hook and sample
+    # calls are not tied to a thread.
+    def threads
+      @mode == :wall ? [Thread.current] : nil
+    end
+  end
+
+  # The keys of stackprof's result Hash, in its order; Strobe's extensions
+  # (threads, per-sample threads and states) are left out.
+  RESULT_KEYS = %i[version mode interval samples gc_samples missed_samples metadata frames
+                   raw raw_lines raw_sample_timestamps raw_timestamp_deltas].freeze
+
+  @metadata = nil
+  @out = nil
+
+  class << self
+    # Starts profiling; false when already running.
+    def start(opts = {})
+      return false if running?
+
+      options = Options.new(opts)
+      started = Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate,
+                                     options.ignore_gc, options.threads, :threads)
+      return false unless started
+
+      @metadata = options.metadata
+      @out = options.out
+      true
+    end
+
+    # Stops profiling; false when not running.
+    def stop
+      Strobe::Native.stop
+    end
+
+    def running?
+      Strobe::Native.running?
+    end
+
+    # Profiles the block and returns results (stackprof starts, yields and
+    # stops even when it was already running).
+    def run(opts = {})
+      raise LocalJumpError, "no block given (yield)" unless block_given?
+
+      start(opts)
+      begin
+        yield
+      ensure
+        stop
+      end
+      results
+    end
+
+    # The result Hash of everything sampled since the last results, or nil
+    # while running or when nothing was started. With out (or the out: of
+    # start), the result is written there as a Marshal dump, stackprof's
+    # format, and the File or IO written is returned instead.
+    def results(out = nil)
+      return nil if running?
+
+      native = Strobe::Native.results
+      return nil unless native
+
+      native[:metadata] = @metadata || {}
+      result = native.slice(*RESULT_KEYS)
+      target = out || @out
+      @metadata = nil
+      @out = nil
+      target ? dump(result, target) : result
+    end
+
+    # Takes a sample of the calling thread's stack now; false when not
+    # running.
+    def sample
+      Strobe.sample
+    end
+
+    # Accepted for stackprof's API; see the comment at the top of this file.
+    def use_postponed_job!
+      nil
+    end
+
+    private
+
+    def dump(result, target)
+      file = target.respond_to?(:to_io) ? target.to_io : File.open(target.respond_to?(:to_path) ? target.to_path : target, "wb")
+      file.write(Marshal.dump(result))
+      file.flush
+      file
+    end
+
+    # Loading the real stackprof after this file would put its methods on
+    # this module; stop it at its first method instead, with ours kept.
+    def singleton_method_added(name)
+      super
+      return unless @sealed && API.include?(name)
+
+      define_singleton_method(name, API[name])
+      raise LoadError, "the stackprof gem was loaded after strobe/stackprof: " \
+                       "load one or the other (StackProf is already Strobe's)"
+    end
+  end
+
+  API = %i[start stop running? run results sample use_postponed_job!].to_h { |name| [name, method(name).unbind] }.freeze
+  @sealed = true
+end
