@@ -26,18 +26,11 @@ module Strobe
   @out = nil
 
   class << self
-    # Profiles the block and returns the result Hash (or writes it to out:).
-    def run(**opts)
-      raise ArgumentError, "Strobe.run needs a block" unless block_given?
-
-      start(**opts) or raise Error, "Strobe is already running"
-      begin
-        yield
-      ensure
-        stop
-      end
-      results
-    end
+    # Strobe.run(**options) { ... } profiles the block and returns the
+    # result Hash (or writes it to out:); Strobe.stop stops profiling (false
+    # when not running); Strobe.running?. These three are defined in C
+    # (ext/strobe/strobe.c), so that no Ruby code of Strobe's runs inside
+    # the profiled window.
 
     # Starts profiling. Returns false when already running. Raises
     # ArgumentError for a bad option, leaving the profiler stopped.
@@ -45,23 +38,19 @@ module Strobe
       return false if running?
 
       options = Options.new(opts)
-      started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                             options.threads_list, options.timer)
-      return false unless started
-
       # Metadata of several start/stop rounds merges; the last out: wins.
+      # Set before sampling starts, so :object mode does not sample it.
+      previous = [@metadata, @out]
       @metadata = (@metadata || {}).merge(options.metadata)
       @out = options.out if options.out
-      true
-    end
-
-    # Stops profiling. Returns false when not running.
-    def stop
-      Native.stop
-    end
-
-    def running?
-      Native.running?
+      started = false
+      begin
+        started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                               options.threads_list, options.timer)
+      ensure
+        @metadata, @out = previous unless started
+      end
+      started
     end
 
     # The result of everything sampled since the last call, or nil while

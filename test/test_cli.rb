@@ -357,6 +357,31 @@ class TestCLIReport < Minitest::Test
     assert_one_error_line err, /interval 10/
   end
 
+  # `stackprof FILE --FLAG` scripts work as `strobe report FILE --FLAG`.
+  def test_stackprofs_report_flags
+    Strobe.save(raw_profile, path("p.json"))
+    {
+      %w[--timeline-flamegraph] => /"view":"timeline"/,
+      %w[--alphabetical-flamegraph] => /"view":"aggregated"/,
+      %w[--d3-flamegraph] => /"view":"aggregated"/,
+      %w[--debug] => /\A\{:version=>1\.2,/,
+      %w[--method spi] => /\AWorker#spin \(main\.rb:2\)/,
+      %w[--file ain.r] => /\Amain\.rb\n/,
+      %w[--limit 0] => /Worker#spin\n.*Worker#tick\n/m,
+      %W[--flamegraph-viewer #{path('f.html')}] => /\Aopen file:\/\/#{Regexp.escape(path('f.html'))}\n\z/,
+    }.each do |options, pattern|
+      status, out, err = cli("report", path("p.json"), *options)
+      assert_equal [0, ""], [status, err], options.inspect
+      assert_match pattern, out, options.inspect
+    end
+    status, out, = cli("report", path("p.json"), "--graphviz", "--limit", "1")
+    assert_equal [0, 1], [status, out.scan(/\[label="/).size], "--graphviz --limit 1 draws the busiest frame"
+    status, out, err = cli("report", path("p.json"), "--dump")
+    assert_equal [0, ""], [status, err]
+    dumped = Marshal.load(out) # rubocop:disable Security/MarshalLoad -- our own output
+    assert_equal Strobe.load(path("p.json"))[:frames], dumped[:frames]
+  end
+
   # stackprof's own dumps are Marshal data: loaded only when asked, with a warning.
   def test_marshal_dumps_only_with_marshal
     File.binwrite(path("stackprof.dump"), Marshal.dump(raw_profile))

@@ -252,11 +252,13 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
     uint32_t *path = p->prev_path + STROBE_MAX_DEPTH;
     int limit = depth < p->prev_depth ? depth : p->prev_depth;
     int k = common_root(f, pf, l, pl, limit);
+    p->table.batch++;
     /* Only the common part stays valid if interning runs out of memory. */
     p->prev_depth = k - 1;
 
     uint32_t node = k > 1 ? path[1 - k] : 0;
     for (; k <= depth; k++) {
+        p->table.level = (uint16_t)k;
         node = strobe_stack_table_child(&p->table, node, f[-k], l[-k]);
         path[-k] = node;
         p->prev_frames[STROBE_MAX_DEPTH - k] = f[-k];
@@ -269,8 +271,11 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
 static uint32_t
 intern_gc(strobe_profile_t *p, int kind)
 {
+    p->table.batch++;
+    p->table.level = 1;
     uint32_t gc = strobe_stack_table_frame(&p->table, (VALUE)STROBE_FRAME_GC, STROBE_FRAME_GC);
     uint32_t node = strobe_stack_table_node(&p->table, 0, gc, 0);
+    p->table.level = 2;
     if (kind != STROBE_FRAME_GC) {
         uint32_t phase = strobe_stack_table_frame(&p->table, (VALUE)kind, kind);
         node = strobe_stack_table_node(&p->table, node, phase, 0);

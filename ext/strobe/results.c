@@ -268,11 +268,27 @@ strobe_results_build(void)
     VALUE frames = rb_hash_new(), details = rb_ary_new_capa(st->frames_len);
     VALUE frame_ids = rb_ary_new_capa(st->frames_len);
     for (uint32_t f = 0; f < st->frames_len; f++) {
-        VALUE d = frame_details(&st->frames[f]);
-        rb_ary_push(details, d);
+        rb_ary_push(details, frame_details(&st->frames[f]));
         rb_ary_push(frame_ids, UINT2NUM(f));
-        rb_hash_aset(frames, UINT2NUM(f), d);
     }
+    /* Listed in stackprof's order: by the first sample that saw each frame,
+     * and within that sample innermost first, by the deepest level it was
+     * seen at (frames are interned outermost first, and a sample's new
+     * frames are few, so an insertion sort). */
+    uint32_t *order = malloc(sizeof(uint32_t) * (st->frames_len ? st->frames_len : 1));
+    if (!order) rb_memerror();
+    for (uint32_t start = 0; start < st->frames_len;) {
+        uint32_t end = start + 1;
+        while (end < st->frames_len && st->frames[end].batch == st->frames[start].batch) end++;
+        for (uint32_t i = start; i < end; i++) {
+            uint32_t j = i;
+            while (j > start && st->frames[order[j - 1]].level < st->frames[i].level) { order[j] = order[j - 1]; j--; }
+            order[j] = i;
+        }
+        start = end;
+    }
+    for (uint32_t i = 0; i < st->frames_len; i++) rb_hash_aset(frames, UINT2NUM(order[i]), RARRAY_AREF(details, order[i]));
+    free(order);
     rb_hash_aset(result, strobe_sym("frames"), frames);
 
     uint64_t *self = calloc(st->nodes_len, sizeof(uint64_t));

@@ -109,15 +109,18 @@ strobe_stack_table_frame(strobe_stack_table_t *st, VALUE value, int kind)
     uint32_t mask = st->frame_slots_capa - 1;
     uint64_t i = frame_hash(value, kind) & mask;
     for (uint32_t s; (s = st->frame_slots[i]) != 0; i = (i + 1) & mask) {
-        const strobe_frame_t *f = &st->frames[s - 1];
-        if (f->value == value && f->kind == kind) return s - 1;
+        strobe_frame_t *f = &st->frames[s - 1];
+        if (f->value == value && f->kind == kind) {
+            if (f->batch == st->batch) f->level = st->level; /* deeper in its first stack */
+            return s - 1;
+        }
     }
     if (st->frames_len == st->frames_capa) {
         st->frames = xgrow(st->frames, st->frames_capa * 2, sizeof(strobe_frame_t));
         st->frames_capa *= 2;
     }
     uint32_t id = st->frames_len++;
-    st->frames[id] = (strobe_frame_t){ value, (uint8_t)kind };
+    st->frames[id] = (strobe_frame_t){ value, (uint8_t)kind, st->level, st->batch };
     st->frame_slots[i] = id + 1;
     if ((uint64_t)st->frames_len * 2 > st->frame_slots_capa) rehash_frames(st);
     return id;

@@ -133,6 +133,66 @@ native_sample(VALUE self)
     return strobe_sampler_sample_now() ? Qtrue : Qfalse;
 }
 
+/* ---- run, stop, running?, sample on Strobe (and StackProf) ---------------
+ *
+ * In C, so that no Ruby code runs between profiling starting and the block,
+ * or between the block and profiling stopping: in :object mode a Ruby
+ * wrapper's own allocations (the call caches of its first calls included)
+ * would be sampled. start itself is Ruby (option checks), and enables
+ * sampling as the last thing it does. */
+
+static VALUE
+stop_after_block(VALUE unused)
+{
+    (void)unused;
+    if (strobe_sampler_running()) strobe_sampler_stop();
+    return Qnil;
+}
+
+static VALUE
+yield_block(VALUE unused)
+{
+    (void)unused;
+    return rb_yield(Qundef);
+}
+
+/* Strobe.run(**options) { ... } -> result (see lib/strobe.rb). */
+static VALUE
+strobe_run(int argc, VALUE *argv, VALUE self)
+{
+    if (!rb_block_given_p()) rb_raise(rb_eArgError, "Strobe.run needs a block");
+    if (!RTEST(rb_funcallv_kw(self, rb_intern("start"), argc, argv, rb_keyword_given_p())))
+        rb_raise(eStrobeError, "Strobe is already running");
+    rb_ensure(yield_block, Qnil, stop_after_block, Qnil);
+    return rb_funcall(self, rb_intern("results"), 0);
+}
+
+/* StackProf.run(options) { ... }, as stackprof's: starts (or not, when
+ * already running), yields, stops, returns results. */
+static VALUE
+stackprof_run(int argc, VALUE *argv, VALUE self)
+{
+    rb_need_block();
+    rb_funcallv_kw(self, rb_intern("start"), argc, argv, rb_keyword_given_p());
+    rb_ensure(yield_block, Qnil, stop_after_block, Qnil);
+    return rb_funcall(self, rb_intern("results"), 0);
+}
+
+/* Strobe::Native.define_stackprof(mod): run, stop, running? and sample on
+ * mod (StackProf, for the drop-in), as C methods named after it, so that a
+ * sample ends in a frame StackProf.sample as with stackprof, and no Ruby
+ * wrapper runs inside the profiled window. */
+static VALUE
+native_define_stackprof(VALUE self, VALUE mod)
+{
+    Check_Type(mod, T_MODULE);
+    rb_define_singleton_method(mod, "run", stackprof_run, -1);
+    rb_define_singleton_method(mod, "stop", native_stop, 0);
+    rb_define_singleton_method(mod, "running?", native_running_p, 0);
+    rb_define_singleton_method(mod, "sample", native_sample, 0);
+    return Qnil;
+}
+
 static VALUE
 clear_profile(VALUE unused)
 {
@@ -187,6 +247,10 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);
     /* On Strobe itself, so the sampled leaf reads "Strobe.sample". */
     rb_define_singleton_method(mStrobe, "sample", native_sample, 0);
+    rb_define_singleton_method(mStrobe, "run", strobe_run, -1);
+    rb_define_singleton_method(mStrobe, "stop", native_stop, 0);
+    rb_define_singleton_method(mStrobe, "running?", native_running_p, 0);
+    rb_define_singleton_method(mNative, "define_stackprof", native_define_stackprof, 1);
     rb_define_singleton_method(mNative, "results", native_results, 0);
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */

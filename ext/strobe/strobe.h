@@ -177,6 +177,8 @@ void strobe_threads_mark(void);
 typedef struct {
     VALUE value;             /* iseq / method entry, or a number for GC kinds */
     uint8_t kind;
+    uint16_t level;          /* its innermost level (from the root) in that batch */
+    uint32_t batch;          /* the table's batch when it was interned */
 } strobe_frame_t;
 
 typedef struct {
@@ -204,6 +206,11 @@ typedef struct {
     uint32_t nodes_len, nodes_capa;
     uint32_t *node_slots;    /* open addressing: node id, 0 = empty */
     uint32_t node_slots_capa;
+    /* The stack being interned (profile.c): its number and the level
+     * (from the root) being interned, so frames first seen in the same
+     * stack can be listed innermost first, as stackprof lists them. */
+    uint32_t batch;
+    uint16_t level;
     strobe_child_cache_t child_cache[1 << STROBE_CHILD_CACHE_BITS];
 } strobe_stack_table_t;
 

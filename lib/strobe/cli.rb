@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "optparse"
+require "pp"
 require_relative "version"
 require_relative "options"
 require_relative "report"
@@ -198,13 +199,23 @@ module Strobe
     FORMATS = {
       text: "Frames by self samples, stackprof's text layout (the default)",
       files: "Samples per source file",
-      file: "Annotated source of the files whose path ends with PATH (--file PATH)",
-      method: "Callers, callees and annotated source of METHOD (--method NAME; /regexp/ for a Regexp)",
+      file: "Annotated source of the files whose path ends with (or else contains) PATH (--file PATH)",
+      method: "Callers, callees and annotated source of METHOD (--method NAME, or a part of it; /regexp/ for a Regexp)",
       graphviz: "Call graph in Graphviz DOT (render with dot -Tsvg)",
       callgrind: "Callgrind format, for KCachegrind or callgrind_annotate",
       stackcollapse: "Folded stacks for flamegraph.pl, inferno or speedscope (needs --raw)",
       json: "The profile as stackprof-layout JSON",
       flamegraph: "A self-contained HTML flamegraph with zoom, search and a timeline (needs --raw)",
+    }.freeze
+
+    # stackprof's report flags, so that `stackprof FILE --FLAG` scripts work
+    # as `strobe report FILE --FLAG`: their formats, written by Strobe.
+    STACKPROF_FORMATS = {
+      timeline_flamegraph: "The HTML flamegraph, opening on its timeline",
+      alphabetical_flamegraph: "The HTML flamegraph, opening on its aggregated view",
+      d3_flamegraph: "The HTML flamegraph, opening on its aggregated view",
+      dump: "The merged profile as a Marshal dump (stackprof's file format)",
+      debug: "The profile Hash, pretty-printed",
     }.freeze
 
     def report_command(args)
@@ -263,6 +274,15 @@ module Strobe
         else parser.on("--#{format}", description) { chosen.(format) }
         end
       end
+      parser.separator ""
+      parser.separator "stackprof's report flags, also accepted:"
+      STACKPROF_FORMATS.each do |format, description|
+        parser.on("--#{format.to_s.tr('_', '-')}", description) { chosen.(format) }
+      end
+      parser.on("--flamegraph-viewer FILE", "Print how to open FILE, an HTML flamegraph (stackprof opens its viewer)") do |file|
+        @out.puts "open file://#{File.expand_path(file)}"
+        throw :exit, 0
+      end
     end
 
     def filter_options(parser, settings)
@@ -320,7 +340,11 @@ module Strobe
       when :files then report.print_files(io, limit: limit, sort_by_total: sort_by_total)
       when :file then report.print_file(io, arg)
       when :method then report.print_method(io, method_pattern(arg))
-      when :graphviz then report.print_graphviz(io, node_fraction: node_fraction)
+      when :graphviz then report.print_graphviz(io, node_fraction: node_fraction, limit: limit)
+      when :timeline_flamegraph then report.print_flamegraph(io, view: :timeline)
+      when :alphabetical_flamegraph, :d3_flamegraph then report.print_flamegraph(io, view: :aggregated)
+      when :dump then io.puts Marshal.dump(report.result)
+      when :debug then PP.pp(report.result, io)
       else report.public_send("print_#{format}", io)
       end
       0
@@ -398,10 +422,10 @@ module Strobe
     # --- shared --------------------------------------------------------------
 
     def report_options(parser, settings)
-      parser.on("-l", "--limit N", Integer, "Show only the first N frames") do |n|
-        raise OptionParser::InvalidArgument, "#{n} (must be at least 1)" if n < 1
+      parser.on("-l", "--limit N", Integer, "Show only the first N frames (0: all, as stackprof)") do |n|
+        raise OptionParser::InvalidArgument, "#{n} (must be at least 0)" if n.negative?
 
-        settings[:limit] = n
+        settings[:limit] = n.zero? ? nil : n
       end
       parser.on("--sort-total", "Sort frames by total samples instead of self samples") do
         settings[:sort_by_total] = true

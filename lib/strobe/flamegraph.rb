@@ -8,7 +8,7 @@ module Strobe
   # (flamegraph.html: canvas drawing, zoom, search, tooltips, aggregated and
   # timeline views; no network access). The data goes in as one JSON object:
   #
-  #   meta      title, mode, interval, samples
+  #   meta      title, mode, interval, samples, view (the one shown first)
   #   frames    parallel arrays name/file/line
   #   tree      parallel arrays parent/frame/self/total, node 0 the root
   #   timeline  the samples in time order as runs of tree nodes (node/count)
@@ -20,9 +20,14 @@ module Strobe
     DATA_PLACEHOLDER = "/*STROBE_DATA*/null"
     TITLE_PLACEHOLDER = "STROBE_TITLE"
 
-    def initialize(report, title: nil)
+    VIEWS = %i[aggregated timeline].freeze
+
+    def initialize(report, title: nil, view: :aggregated)
+      raise ArgumentError, "view must be #{VIEWS.map(&:inspect).join(' or ')}, got #{view.inspect}" unless VIEWS.include?(view)
+
       @report = report
       @title = title || default_title
+      @view = view
     end
 
     def write(io)
@@ -40,7 +45,7 @@ module Strobe
       details = tree[:frame_ids].map { |id| frames[id] }
       {
         meta: { title: @title, mode: @report.mode, interval: @report.interval, samples: @report.samples,
-                unit: "samples" },
+                unit: "samples", view: @view },
         frames: { name: details.map { |f| f[:name].to_s }, file: details.map { |f| f[:file].to_s },
                   line: details.map { |f| f[:line] } },
         tree: tree.slice(:parent, :frame, :self, :total),

@@ -149,10 +149,13 @@ module Strobe
       end
     end
 
-    # The source of every file whose path ends with path, annotated with the
-    # samples of each line.
+    # The source of every file whose path ends with path (or, when none
+    # does, contains it, as stackprof's --file), annotated with the samples
+    # of each line.
     def print_file(io = $stdout, path)
-      matches = frames.values.map { |f| f[:file].to_s }.uniq.select { |file| file == path || file.end_with?("/#{path}") }
+      files = frames.values.map { |f| f[:file].to_s }.uniq
+      matches = files.select { |file| file == path || file.end_with?("/#{path}") }
+      matches = files.select { |file| file.include?(path) } if matches.empty? && !path.empty?
       raise ArgumentError, "no samples in a file matching #{path}" if matches.empty?
 
       matches.sort.each do |file|
@@ -172,9 +175,10 @@ module Strobe
 
     # A method's callers and callees with counts and percentages, and its
     # source annotated line by line, for every frame whose name equals name
-    # (or matches it, for a Regexp).
+    # (or, when none does, contains it, as stackprof's --method), or
+    # matches it, for a Regexp.
     def print_method(io = $stdout, name)
-      matches = Native.report_method(@result, kept_ids, name)
+      matches = method_matches(name)
       raise ArgumentError, "no method named #{name.inspect} in this profile" if matches.empty?
 
       all = @result[:frames]
@@ -202,13 +206,18 @@ module Strobe
     end
 
     # A Graphviz (DOT) call graph: frames with at least node_fraction of all
-    # samples in total; render with `dot -Tsvg`.
-    def print_graphviz(io = $stdout, node_fraction: 0.005)
+    # samples in total; render with `dot -Tsvg`. limit keeps the limit
+    # frames with the most total samples; only (frame ids) draws just those.
+    def print_graphviz(io = $stdout, node_fraction: 0.005, limit: nil, only: nil)
       unless node_fraction.is_a?(Numeric) && node_fraction >= 0 && node_fraction <= 1
         raise ArgumentError, "node_fraction must be a number from 0 to 1, got #{node_fraction.inspect}"
       end
 
-      io.write(Native.report_graphviz(@result, kept_ids, node_fraction.to_f))
+      check_limit(limit)
+      keep = kept_ids
+      keep = (keep || frames).select { |id, _| only.include?(id) }.transform_values { true } if only
+      keep = rows(limit: limit, sort_by_total: true).select { |row| keep.nil? || keep.key?(row.id) }.to_h { |row| [row.id, true] } if limit
+      io.write(Native.report_graphviz(@result, keep, node_fraction.to_f))
     end
 
     # The callgrind format, for KCachegrind and callgrind_annotate.
@@ -230,11 +239,12 @@ module Strobe
     end
 
     # A self-contained HTML flamegraph (no network access needed): zoom,
-    # search, tooltips, and a timeline view besides the aggregated one.
-    # Needs raw data.
-    def print_flamegraph(io = $stdout, title: nil)
+    # search, tooltips, and a timeline view besides the aggregated one;
+    # view (:aggregated or :timeline) is the one it opens with. Needs raw
+    # data.
+    def print_flamegraph(io = $stdout, title: nil, view: :aggregated)
       require_relative "flamegraph"
-      Flamegraph.new(self, title: title).write(io)
+      Flamegraph.new(self, title: title, view: view).write(io)
     end
 
     # The stack tree of the raw samples, after the filters (see
@@ -300,11 +310,20 @@ module Strobe
       ReportSource.new(frame[:file].to_s, lines, self).print(io, first..lines.keys.max, indent: "  ")
     end
 
+    # [[id, {caller id => count}], ...] of the frames name stands for (see
+    # print_method).
+    def method_matches(name)
+      matches = Native.report_method(@result, kept_ids, name)
+      return matches unless matches.empty? && name.is_a?(String) && !name.empty?
+
+      Native.report_method(@result, kept_ids, Regexp.new(Regexp.escape(name)))
+    end
+
     # The names of the callers (most samples first), then of the callees, of
     # the frames print_method shows for name.
     def neighbour_names(name)
       all = @result[:frames]
-      Native.report_method(@result, kept_ids, name).flat_map do |id, callers|
+      method_matches(name).flat_map do |id, callers|
         callees = (all[id][:edges] || {}).select { |callee, _| all.key?(callee) }
         [callers, callees].flat_map { |counts| counts.sort_by { |other, count| [-count.to_i, all[other][:name].to_s] } }
                           .map { |other, _| all[other][:name].to_s }

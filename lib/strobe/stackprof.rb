@@ -20,10 +20,11 @@
 #   (stackprof's process-wide timer lands on whichever thread runs: the
 #   same threads, at the kernel's tick rate). :wall mode samples the thread
 #   that called start, as stackprof does.
-# - use_postponed_job! is accepted and changes nothing: stackprof needs it
-#   because it reads frames in its signal handler while YJIT (before Ruby
-#   3.3) leaves frames inconsistent; Strobe's handler checks that a frame is
-#   consistent before reading it (see docs/ARCHITECTURE.md).
+# - use_postponed_job! is accepted and has nothing left to do: stackprof
+#   needs it (and calls it itself under YJIT before Ruby 3.3) so that frames
+#   are read at safe points, where JIT code has left them consistent; Strobe
+#   does that by itself whenever YJIT needs it, for the threads that may be
+#   running JIT code (see docs/ARCHITECTURE.md).
 if defined?(StackProf) && !defined?(StackProf::STROBE)
   raise LoadError, "strobe/stackprof: the stackprof gem is already loaded (StackProf is defined); " \
                    "remove `require \"stackprof\"` (or `require: false` it in the Gemfile) to use Strobe's StackProf"
@@ -56,7 +57,7 @@ module StackProf
       @mode = opts[:mode] || :wall
       interval = opts[:interval]
       unless interval.nil?
-        interval = Integer === interval ? interval : interval.to_int
+        interval = self.class.integer(interval)
         unless interval.between?(1, 999_999)
           raise ArgumentError, "interval is a number of microseconds between 1 and 1 million"
         end
@@ -71,6 +72,14 @@ module StackProf
       @aggregate = opts.fetch(:aggregate, true) != false
       @ignore_gc = opts[:ignore_gc] ? true : false
       @out = opts[:out] || nil
+    end
+
+    # value as an Integer, converted as stackprof's C code converts it.
+    def self.integer(value)
+      return value if value.is_a?(Integer)
+      return value.to_int if value.respond_to?(:to_int)
+
+      raise TypeError, "no implicit conversion of #{value.class} into Integer"
     end
 
     # The threads Strobe samples: stackprof's wall timer is forwarded to the
@@ -95,36 +104,18 @@ module StackProf
       return false if running?
 
       options = Options.new(opts)
-      started = Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate,
-                                     options.ignore_gc, options.threads, :threads)
-      return false unless started
-
+      # Set before sampling starts, so :object mode does not sample it.
+      previous = [@metadata, @out]
       @metadata = options.metadata
       @out = options.out
-      true
-    end
-
-    # Stops profiling; false when not running.
-    def stop
-      Strobe::Native.stop
-    end
-
-    def running?
-      Strobe::Native.running?
-    end
-
-    # Profiles the block and returns results (stackprof starts, yields and
-    # stops even when it was already running).
-    def run(opts = {})
-      raise LocalJumpError, "no block given (yield)" unless block_given?
-
-      start(opts)
+      started = false
       begin
-        yield
+        started = Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate,
+                                       options.ignore_gc, options.threads, :threads)
       ensure
-        stop
+        @metadata, @out = previous unless started
       end
-      results
+      started
     end
 
     # The result Hash of everything sampled since the last results, or nil
@@ -145,12 +136,6 @@ module StackProf
       target ? dump(result, target) : result
     end
 
-    # Takes a sample of the calling thread's stack now; false when not
-    # running.
-    def sample
-      Strobe.sample
-    end
-
     # Accepted for stackprof's API; see the comment at the top of this file.
     def use_postponed_job!
       nil
@@ -169,13 +154,23 @@ module StackProf
     # this module; stop it at its first method instead, with ours kept.
     def singleton_method_added(name)
       super
-      return unless @sealed && API.include?(name)
+      return unless @sealed && API.include?(name) && !@restoring
 
+      @restoring = true
       define_singleton_method(name, API[name])
+      @restoring = false
       raise LoadError, "the stackprof gem was loaded after strobe/stackprof: " \
                        "load one or the other (StackProf is already Strobe's)"
     end
   end
+
+  # StackProf.run(options) { ... } (starts, or not when already running,
+  # yields, stops, returns results), StackProf.stop (false when not
+  # running), StackProf.running? and StackProf.sample (a sample of the
+  # calling thread's stack now; false when not running): C methods, as in
+  # stackprof, so that samples end in a frame StackProf.sample and no Ruby
+  # wrapper runs inside the profiled window.
+  Strobe::Native.define_stackprof(self)
 
   API = %i[start stop running? run results sample use_postponed_job!].to_h { |name| [name, method(name).unbind] }.freeze
   @sealed = true
