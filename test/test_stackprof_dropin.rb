@@ -270,6 +270,23 @@ class TestStackprofDropin < Minitest::Test
     end
   end
 
+  # And the other way: the real stackprof's dumps in the drop-in's Report.
+  def test_the_real_stackprofs_dumps_load_when_asked
+    Dir.mktmpdir do |dir|
+      StackProf.run(mode: :custom, raw: true, out: "#{dir}/real.dump") { 4.times { StackProf.sample } }.close
+      lines = dropin(<<~RUBY)
+        report = StackProf::Report.from_file("#{dir}/real.dump", marshal: true)
+        text = StringIO.new
+        report.print_text(false, nil, nil, nil, nil, nil, text)
+        puts text.string.lines.grep(/StackProf.sample/)
+        $stdout.flush
+        report.print_stackcollapse
+      RUBY
+      assert_match(/\A +4 +\(100\.0%\) +4 +\(100\.0%\) +StackProf\.sample\z/, lines[0])
+      assert_match(/;StackProf\.sample 4\z/, lines[1])
+    end
+  end
+
   def test_loading_the_real_stackprof_either_way_round_is_refused
     code = <<~RUBY
       require "stackprof"
