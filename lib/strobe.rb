@@ -3,6 +3,7 @@
 require_relative "strobe/version"
 require_relative "strobe/options"
 require_relative "strobe/profile_file"
+require_relative "strobe/pending"
 
 # The C extension. STROBE_LIB lets `rake test:asan` load a sanitizer build.
 if ENV["STROBE_LIB"]
@@ -22,8 +23,7 @@ module Strobe
   autoload :Report, File.expand_path("strobe/report", __dir__)
   autoload :Flamegraph, File.expand_path("strobe/flamegraph", __dir__)
   autoload :Merge, File.expand_path("strobe/merge", __dir__)
-  @metadata = nil
-  @out = nil
+  @pending = Pending.new
 
   class << self
     # Strobe.run(**options) { ... } profiles the block and returns the
@@ -39,18 +39,10 @@ module Strobe
 
       options = Options.new(opts)
       # Metadata of several start/stop rounds merges; the last out: wins.
-      # Set before sampling starts, so :object mode does not sample it.
-      previous = [@metadata, @out]
-      @metadata = (@metadata || {}).merge(options.metadata)
-      @out = options.out if options.out
-      started = false
-      begin
-        started = Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                               options.threads_list, options.timer)
-      ensure
-        @metadata, @out = previous unless started
+      @pending.start((@pending.metadata || {}).merge(options.metadata), options.out || @pending.out) do
+        Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                     options.threads_list, options.timer)
       end
-      started
     end
 
     # The result of everything sampled since the last call, or nil while
@@ -62,10 +54,8 @@ module Strobe
       result = Native.results
       return nil unless result
 
-      result[:metadata] = @metadata || {}
-      target = out || @out
-      @metadata = nil
-      @out = nil
+      result[:metadata], pending_out = @pending.take
+      target = out || pending_out
       return result unless target
 
       ProfileFile.write(result, target)

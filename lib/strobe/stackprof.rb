@@ -95,8 +95,7 @@ module StackProf
   RESULT_KEYS = %i[version mode interval samples gc_samples missed_samples metadata frames
                    raw raw_lines raw_sample_timestamps raw_timestamp_deltas].freeze
 
-  @metadata = nil
-  @out = nil
+  @pending = Strobe::Pending.new
 
   class << self
     # Starts profiling; false when already running.
@@ -104,18 +103,10 @@ module StackProf
       return false if running?
 
       options = Options.new(opts)
-      # Set before sampling starts, so :object mode does not sample it.
-      previous = [@metadata, @out]
-      @metadata = options.metadata
-      @out = options.out
-      started = false
-      begin
-        started = Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate,
-                                       options.ignore_gc, options.threads, :threads)
-      ensure
-        @metadata, @out = previous unless started
+      @pending.start(options.metadata, options.out) do
+        Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                             options.threads, :threads)
       end
-      started
     end
 
     # The result Hash of everything sampled since the last results, or nil
@@ -128,11 +119,9 @@ module StackProf
       native = Strobe::Native.results
       return nil unless native
 
-      native[:metadata] = @metadata || {}
+      native[:metadata], pending_out = @pending.take
       result = native.slice(*RESULT_KEYS)
-      target = out || @out
-      @metadata = nil
-      @out = nil
+      target = out || pending_out
       target ? dump(result, target) : result
     end
 
