@@ -361,7 +361,9 @@ class TestStackprofDropin < Minitest::Test
       p text.string.lines.grep(/Object#/).map { |l| l.split.last }
       method = StringIO.new
       report.print_method("mi", method)
+      report.print_method("no_such_method", method)
       p method.string.lines.first.split.first
+      p method.string.scan(/^Object#/).size
       dot = StringIO.new
       report.print_graphviz({ limit: 2 }, dot)
       p dot.string.scan(/label="([^\\\\"]+)\\\\n/).flatten.size
@@ -401,18 +403,18 @@ class TestStackprofDropin < Minitest::Test
     RUBY
     assert_equal "true", lines[0], "print_text is Strobe's table"
     assert_equal '["Object#leaf", "Object#mid"]', lines[1]
-    assert_equal '"Object#mid"', lines[2]
-    assert_equal "2", lines[3]
+    assert_equal ['"Object#mid"', "1"], lines[2, 2], "a part of the name; nothing for no match"
+    assert_equal "2", lines[4]
     # stackprof's filter: leaf, and the callees that get nearly all their
     # samples from it (at least 1/1.2), and theirs.
-    assert_equal '["Integer#times", "Object#leaf", "StackProf.sample"]', lines[4]
-    assert_equal '[5, 5, "custom()", 1.2]', lines[5]
-    assert_equal %w[true true], lines[6, 2]
-    assert_equal '[["StackProf.sample 2", "StackProf.sample 3"], true]', lines[8], "folded, raw left as it was"
-    assert_equal %w[true true true], lines[9, 3]
-    assert_equal "[10, 10]", lines[12]
-    assert_equal "cannot combine custom() with object(1)", lines[13]
-    assert_match(/profile does not include raw samples/, lines[14])
+    assert_equal '["Integer#times", "Object#leaf", "StackProf.sample"]', lines[5]
+    assert_equal '[5, 5, "custom()", 1.2]', lines[6]
+    assert_equal %w[true true], lines[7, 2]
+    assert_equal '[["StackProf.sample 2", "StackProf.sample 3"], true]', lines[9], "folded, raw left as it was"
+    assert_equal %w[true true true], lines[10, 3]
+    assert_equal "[10, 10]", lines[13]
+    assert_equal "cannot combine custom() with object(1)", lines[14]
+    assert_match(/profile does not include raw samples/, lines[15])
   end
 
   def test_report_files_and_file

@@ -188,9 +188,13 @@ module StackProf
       strobe.print_callgrind(f)
     end
 
-    # name: a Regexp, or a String taken as one (as stackprof does).
+    # name: a Regexp, or a String taken as one (as stackprof does). Prints
+    # nothing when no frame matches, as stackprof's.
     def print_method(name, f = $stdout)
-      strobe.print_method(f, name.is_a?(Regexp) ? name : Regexp.new(name.to_s))
+      pattern = name.is_a?(Regexp) ? name : Regexp.new(name.to_s)
+      return if @data[:frames].each_value.none? { |frame| frame[:name].to_s.match?(pattern) }
+
+      strobe.print_method(f, pattern)
     end
 
     # Interactive: from name to a caller or callee chosen on standard input,
