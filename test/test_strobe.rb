@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "test_helper"
+require "stringio"
 require "tmpdir"
 require "set"
 
@@ -110,6 +111,29 @@ class TestStrobe < Minitest::Test
     line_of_inner_call = Workload.method(:outer).source_location.last + 1
     assert_equal [2, 0], outer[:lines][line_of_inner_call]
     assert_equal 2, outer[:lines].size
+  end
+
+  def descend(n, &block)
+    n.zero? ? yield : descend(n - 1, &block)
+  end
+
+  # Deeper than 1024 frames: the innermost 1024 are kept under a
+  # "(truncated)" root, and the result counts such samples.
+  def test_deep_stacks_are_truncated_and_counted
+    result = Strobe.run(mode: :custom, raw: true) do
+      descend(3000) { 3.times { Strobe.sample } }
+      Strobe.sample
+    end
+    assert_equal [4, 3], result.values_at(:samples, :truncated_samples)
+    truncated_id, truncated = result[:frames].find { |_, f| f[:name] == "(truncated)" }
+    assert_equal [3, 0, ""], truncated.values_at(:total_samples, :samples, :file)
+    depth = result[:raw][0]
+    assert_equal [1025, truncated_id, 3], [depth, result[:raw][1], result[:raw][depth + 1]]
+    assert_equal "Strobe.sample", result[:frames][result[:raw][depth]][:name]
+    io = StringIO.new
+    Strobe::Report.new(result).print_text(io)
+    assert_includes io.string, "  Truncated: 3 (75.00%), stacks deeper than 1024 frames\n"
+    assert_equal 0, Strobe.run(mode: :custom) { Strobe.sample }[:truncated_samples]
   end
 
   def test_recursion_counts_a_frame_once_per_sample

@@ -86,7 +86,7 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
     strobe_profile_t *p = &strobe_profile;
     if (!p->active) {
         strobe_stack_table_init(&p->table);
-        p->samples = p->gc_samples = 0;
+        p->samples = p->gc_samples = p->truncated_samples = 0;
         atomic_store(&missed_samples, 0);
         p->start_us = strobe_now_us();
         p->threads_len = 0;
@@ -247,9 +247,9 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
     /* Both stacks are innermost first; the previous one is stored against
      * the end of its arrays, so the k-th frame from the root of either is
      * at [-k] from its end and the common root part is found with one index. */
-    const VALUE *f = frames + depth, *pf = p->prev_frames + STROBE_MAX_DEPTH;
-    const int *l = lines + depth, *pl = p->prev_lines + STROBE_MAX_DEPTH;
-    uint32_t *path = p->prev_path + STROBE_MAX_DEPTH;
+    const VALUE *f = frames + depth, *pf = p->prev_frames + STROBE_STACK_CAPA;
+    const int *l = lines + depth, *pl = p->prev_lines + STROBE_STACK_CAPA;
+    uint32_t *path = p->prev_path + STROBE_STACK_CAPA;
     int limit = depth < p->prev_depth ? depth : p->prev_depth;
     int k = common_root(f, pf, l, pl, limit);
     p->table.batch++;
@@ -261,8 +261,8 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
         p->table.level = (uint16_t)k;
         node = strobe_stack_table_child(&p->table, node, f[-k], l[-k]);
         path[-k] = node;
-        p->prev_frames[STROBE_MAX_DEPTH - k] = f[-k];
-        p->prev_lines[STROBE_MAX_DEPTH - k] = l[-k];
+        p->prev_frames[STROBE_STACK_CAPA - k] = f[-k];
+        p->prev_lines[STROBE_STACK_CAPA - k] = l[-k];
     }
     p->prev_depth = depth;
     return node;
@@ -304,7 +304,10 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
         for (uint32_t i = 0; i < n; i++) log_store(p, node, times[i], (uint16_t)thread, states[i]);
     }
 
+    int truncated = gc_kind == STROBE_FRAME_RUBY && depth > 0 && frames[depth - 1] == STROBE_TRUNCATED_VALUE;
     p->threads[thread].last_node = gc_kind == STROBE_FRAME_RUBY ? node : 0;
+    p->threads[thread].last_truncated = truncated;
+    if (truncated) p->truncated_samples += n;
     p->node_self[node] += n;
     p->samples += n;
     if (gc_kind != STROBE_FRAME_RUBY) p->gc_samples += n;
@@ -334,6 +337,7 @@ strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us, int state)
     }
     p->node_self[node]++;
     p->samples++;
+    if (p->threads[thread].last_truncated) p->truncated_samples++;
     p->threads[thread].samples++;
     p->threads[thread].states[state & (STROBE_STATES - 1)]++;
     return 1;

@@ -23,10 +23,11 @@
 #include <string.h>
 
 
-static const char *const gc_frame_names[] = {
+static const char *const pseudo_frame_names[] = {
     [STROBE_FRAME_GC] = "(garbage collection)",
     [STROBE_FRAME_MARKING] = "(marking)",
     [STROBE_FRAME_SWEEPING] = "(sweeping)",
+    [STROBE_FRAME_TRUNCATED] = "(truncated)",
 };
 
 static const char *const mode_names[] = {
@@ -227,7 +228,7 @@ frame_details(const strobe_frame_t *f)
 {
     VALUE d = rb_hash_new();
     if (f->kind != STROBE_FRAME_RUBY) {
-        rb_hash_aset(d, strobe_sym("name"), rb_str_new_cstr(gc_frame_names[f->kind]));
+        rb_hash_aset(d, strobe_sym("name"), rb_str_new_cstr(pseudo_frame_names[f->kind]));
         rb_hash_aset(d, strobe_sym("file"), rb_str_new_cstr(""));
         return d;
     }
@@ -263,6 +264,9 @@ strobe_results_build(void)
     rb_hash_aset(result, strobe_sym("samples"), ULL2NUM(p->samples));
     rb_hash_aset(result, strobe_sym("gc_samples"), ULL2NUM(p->gc_samples));
     rb_hash_aset(result, strobe_sym("missed_samples"), ULL2NUM(strobe_profile_missed()));
+    /* Strobe's: samples whose stack was deeper than STROBE_MAX_DEPTH frames;
+     * they keep the innermost ones under a "(truncated)" root frame. */
+    rb_hash_aset(result, strobe_sym("truncated_samples"), ULL2NUM(p->truncated_samples));
     rb_hash_aset(result, strobe_sym("metadata"), rb_hash_new());
 
     VALUE frames = rb_hash_new(), details = rb_ary_new_capa(st->frames_len);

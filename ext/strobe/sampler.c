@@ -823,7 +823,7 @@ strobe_sampler_sample_now(void)
     if (gc_kind < 0) {
         taken = -1;
     } else if (gc_kind == STROBE_FRAME_RUBY) {
-        depth = rb_profile_frames(0, STROBE_MAX_DEPTH, t->scratch_frames, t->scratch_lines);
+        depth = strobe_read_frames(t->scratch_frames, t->scratch_lines);
         if (depth <= 0) taken = 0; /* no Ruby frame to attribute it to */
     }
     if (taken == 1) {

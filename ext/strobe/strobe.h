@@ -26,6 +26,9 @@
 
 /* Deepest stack recorded; deeper stacks keep their innermost frames. */
 #define STROBE_MAX_DEPTH 1024
+/* Stack buffers hold one more: a capture that fills them was deeper than
+ * STROBE_MAX_DEPTH, and its outermost entry becomes "(truncated)". */
+#define STROBE_STACK_CAPA (STROBE_MAX_DEPTH + 1)
 /* Slots in the hand-off ring between the handler and the GVL-side drain. */
 #define STROBE_RING_SLOTS 64
 /* Timestamps one slot can hold for consecutive identical stacks. */
@@ -52,7 +55,8 @@ typedef enum {
     STROBE_FRAME_RUBY = 0,
     STROBE_FRAME_GC,      /* "(garbage collection)" */
     STROBE_FRAME_MARKING, /* "(marking)" */
-    STROBE_FRAME_SWEEPING /* "(sweeping)" */
+    STROBE_FRAME_SWEEPING, /* "(sweeping)" */
+    STROBE_FRAME_TRUNCATED /* "(truncated)": the outermost entry of a stack cut to STROBE_MAX_DEPTH */
 } strobe_frame_kind_t;
 
 /* What a thread was doing when sampled, from Ruby's GVL events (Ruby 3.2+,
@@ -64,6 +68,25 @@ enum {
     STROBE_STATE_BLOCKED,    /* released the GVL: IO, sleep, a lock, C code */
     STROBE_STATES
 };
+
+/* The placeholder VALUE of the "(truncated)" entry: an immediate that is no
+ * object (GC marking skips it), like the GC kinds' values. */
+#define STROBE_TRUNCATED_VALUE ((VALUE)STROBE_FRAME_TRUNCATED)
+
+/* rb_profile_frames into a STROBE_STACK_CAPA buffer, the outermost entry
+ * replaced by the "(truncated)" placeholder when the stack filled it.
+ * Async-signal-safe as rb_profile_frames is. */
+static inline int
+strobe_read_frames(VALUE *frames, int *lines)
+{
+    int depth = rb_profile_frames(0, STROBE_STACK_CAPA, frames, lines);
+    if (depth == STROBE_STACK_CAPA) {
+        frames[depth - 1] = STROBE_TRUNCATED_VALUE;
+        lines[depth - 1] = 0;
+    }
+    return depth;
+}
+
 _Static_assert((STROBE_STATES & (STROBE_STATES - 1)) == 0, "state masks need a power of two");
 
 /* ---- capture.c: the handler-to-GVL ring -------------------------------- */
@@ -81,8 +104,8 @@ typedef struct {
                               * known valid through */
     int64_t times[STROBE_SLOT_TIMES]; /* CLOCK_MONOTONIC microseconds */
     uint8_t states[STROBE_SLOT_TIMES]; /* the thread's state at each */
-    VALUE frames[STROBE_MAX_DEPTH];   /* innermost first, as rb_profile_frames */
-    int lines[STROBE_MAX_DEPTH];
+    VALUE frames[STROBE_STACK_CAPA];  /* innermost first, as rb_profile_frames */
+    int lines[STROBE_STACK_CAPA];
 } strobe_slot_t;
 
 /* A thread the sampler targets (threads.c), with its scratch capture buffer. */
@@ -112,8 +135,8 @@ typedef struct {
     int scratch_depth;
     uint8_t scratch_gc_kind;
     int64_t scratch_time;
-    VALUE scratch_frames[STROBE_MAX_DEPTH];
-    int scratch_lines[STROBE_MAX_DEPTH];
+    VALUE scratch_frames[STROBE_STACK_CAPA];
+    int scratch_lines[STROBE_STACK_CAPA];
 } strobe_thread_t;
 
 void strobe_capture_reset(void);
@@ -261,6 +284,7 @@ typedef struct {
     VALUE name;              /* its name, taken when it ended (marked) */
     uint64_t samples;
     uint32_t last_node;      /* leaf of its latest sample (0 none): repeats reuse it */
+    int last_truncated;      /* that sample's stack was cut to STROBE_MAX_DEPTH */
     uint64_t states[STROBE_STATES]; /* its samples by state */
 } strobe_profile_thread_t;
 
@@ -279,14 +303,15 @@ typedef struct {
     uint32_t node_self_capa;
     strobe_chunk_t *first_chunk, *last_chunk;
     uint64_t samples, gc_samples;
+    uint64_t truncated_samples; /* samples whose stack was cut to STROBE_MAX_DEPTH */
     int64_t start_us;        /* first start, CLOCK_MONOTONIC microseconds */
     strobe_profile_thread_t *threads;
     int threads_len, threads_capa;
     /* The previous stack recorded (innermost first, ending at the arrays'
      * ends) and its nodes, so a new one only interns what differs. */
-    uint32_t prev_path[STROBE_MAX_DEPTH];
-    VALUE prev_frames[STROBE_MAX_DEPTH];
-    int prev_lines[STROBE_MAX_DEPTH];
+    uint32_t prev_path[STROBE_STACK_CAPA];
+    VALUE prev_frames[STROBE_STACK_CAPA];
+    int prev_lines[STROBE_STACK_CAPA];
     int prev_depth;
 } strobe_profile_t;
 

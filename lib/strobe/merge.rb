@@ -11,7 +11,7 @@ module Strobe
   # line and renumbered 1, 2, ...; counts, edges and lines are added up, raw
   # samples are concatenated in the order given, threads are merged by id.
   module Merge
-    COUNTS = %i[samples gc_samples missed_samples].freeze
+    COUNTS = %i[samples gc_samples missed_samples truncated_samples].freeze
     RAW_KEYS = ProfileFile::RAW_KEYS
     # Per-sample arrays merged by concatenation.
     PER_SAMPLE_KEYS = RAW_KEYS - %i[raw raw_lines]

@@ -375,6 +375,8 @@ module Strobe
       io.puts "  Thread: #{thread_line}" if @result[:thread]
       io.puts format("  Samples: %d (%.2f%% miss rate)", samples, miss_rate)
       io.puts format("  GC: %d (%.2f%%)", gc_samples, gc_rate)
+      truncated = @result[:truncated_samples].to_i
+      io.puts format("  Truncated: %d (%.2f%%), stacks deeper than 1024 frames", truncated, percent(truncated)) if truncated.positive?
       print_thread_states(io)
       io.puts RULE
     end
