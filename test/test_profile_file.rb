@@ -129,9 +129,16 @@ class TestProfileFile < Minitest::Test
 
   def test_values_of_the_wrong_type_raise_profile_error
     doc = Strobe::ProfileFile.encode(profile)
-    assert_corrupt JSON.generate(doc.merge(gc_samples: [])), /malformed profile/
+    assert_corrupt JSON.generate(doc.merge(gc_samples: [])), /gc_samples is not a non-negative integer below 2\*\*64: \[\]/
+    assert_corrupt JSON.generate(doc.merge(missed_samples: -3)), /missed_samples is not a non-negative integer below 2\*\*64: -3/
+    assert_corrupt JSON.generate(doc.merge(mode: "c\u00fcstom")), /mode "c.stom" is not a mode/
+    assert_corrupt JSON.generate(doc.merge(interval: "1")), /interval is not an integer/
     assert_corrupt JSON.generate(doc.merge(threads: [1, 2])), /a thread is not an object/
-    assert_corrupt JSON.generate({ mode: "cpu", samples: 1, frames: { "1": 5 } }), /malformed profile/
+    assert_corrupt JSON.generate({ mode: "cpu", samples: 1, frames: { "1": 5 } }), /frame 1 is malformed/
+    frames = doc[:frames].map { |f| f.merge(total_samples: 2**70) }
+    assert_corrupt JSON.generate(doc.merge(frames: frames)), /total_samples is not a non-negative integer|out of range/
+    frames = doc[:frames].map { |f| f.merge(edges: [["x", 1]]) }
+    assert_corrupt JSON.generate(doc.merge(frames: frames)), /has an edge to "x"/
   end
 
   def test_corrupt_stacks_raise_profile_error

@@ -306,6 +306,34 @@ class TestStrobeOptions < Minitest::Test
     assert_equal 1, Strobe.run(mode: :custom) { Strobe.sample }[:samples], "and usable"
   end
 
+  # Every option, each with values of the wrong type or out of range: one
+  # ArgumentError naming the option, and the profiler stays usable.
+  def test_every_option_rejects_wrong_values_by_name
+    wrong = {
+      mode: [:fast, 1, nil, [:cpu]],
+      interval: ["10", 1.5, -1, 0, 1_000_001, 2**64, [100]],
+      raw: ["yes", 1, :true],
+      aggregate: ["no", 0],
+      ignore_gc: ["true", 1.0],
+      metadata: [[1], "x", 1],
+      out: [1, :file, "/nonexistent-dir/x.json", Dir.tmpdir],
+      threads: [[], [1], "all", :some, Thread],
+      timer: [:posix, "threads", nil],
+    }
+    wrong.each do |option, values|
+      values.each do |value|
+        error = assert_raises(ArgumentError, "#{option}: #{value.inspect}") { Strobe.start(option => value) }
+        assert_match(/\b#{option}\b/, error.message, "#{option}: #{value.inspect}")
+        refute Strobe.running?
+      end
+    end
+    assert_equal 1, Strobe.run(mode: :custom) { Strobe.sample }[:samples], "still usable"
+    assert_raises(ArgumentError) { Strobe.start(mode: :object, interval: 2**31) }
+    assert_raises(ArgumentError) { Strobe.start(mode: :wall, bogus: 1, other: 2) }.then do |e|
+      assert_match(/unknown options: :bogus, :other/, e.message)
+    end
+  end
+
   def test_unknown_option
     assert_rejected(/unknown option: :intreval/, intreval: 10)
   end

@@ -26,12 +26,12 @@ array_len(VALUE ary, const char *what)
     return RARRAY_LEN(ary);
 }
 
+/* start_time: a Fixnum, for the same reason. */
 static long
-int_at(VALUE ary, long i, const char *what)
+start_time_of(VALUE v)
 {
-    VALUE v = RARRAY_AREF(ary, i);
-    if (!RB_INTEGER_TYPE_P(v)) CORRUPT("%s[%ld] is not an integer", what, i);
-    return NUM2LONG(v);
+    if (!FIXNUM_P(v)) CORRUPT("start_time is not an integer in range");
+    return FIX2LONG(v);
 }
 
 typedef struct {
@@ -56,7 +56,7 @@ compact_body(VALUE arg)
     if (!NIL_P(a->timestamps)) sample_limit = array_len(a->timestamps, "raw_sample_timestamps");
     else if (!NIL_P(a->sample_threads)) sample_limit = array_len(a->sample_threads, "raw_sample_threads");
     for (long i = 0; i < raw_len;) {
-        long depth = int_at(raw, i, "raw");
+        long depth = strobe_fixnum_at(raw, i, "raw");
         /* Written so that no huge value can overflow the check. */
         if (depth < 0 || depth > raw_len - i - 2) CORRUPT("raw is truncated at index %ld", i);
         uint32_t node = 0;
@@ -64,7 +64,9 @@ compact_body(VALUE arg)
             VALUE pos = rb_hash_lookup2(a->frame_pos, RARRAY_AREF(raw, i + k), Qundef);
             if (pos == Qundef)
                 CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", RARRAY_AREF(raw, i + k));
-            int32_t line = NIL_P(raw_lines) ? 0 : (int32_t)int_at(raw_lines, i + k, "raw_lines");
+            long line_at = NIL_P(raw_lines) ? 0 : strobe_fixnum_at(raw_lines, i + k, "raw_lines");
+            if (line_at < INT32_MIN || line_at > INT32_MAX) CORRUPT("raw_lines[%ld] is out of range", i + k);
+            int32_t line = (int32_t)line_at;
             uint32_t before = a->table.nodes_len;
             node = strobe_stack_table_node(&a->table, node, NUM2UINT(pos), line);
             if (a->table.nodes_len != before) {
@@ -73,7 +75,7 @@ compact_body(VALUE arg)
                 rb_ary_push(nodes_out, INT2NUM(line));
             }
         }
-        long count = int_at(raw, i + depth + 1, "raw");
+        long count = strobe_fixnum_at(raw, i + depth + 1, "raw");
         if (count < 0 || count > sample_limit - RARRAY_LEN(sample_nodes))
             CORRUPT("raw has %ld samples at index %ld, more than its per-sample arrays hold", count, i);
         for (long c = 0; c < count; c++) rb_ary_push(sample_nodes, UINT2NUM(node));
@@ -84,10 +86,11 @@ compact_body(VALUE arg)
     if (!NIL_P(a->timestamps)) {
         if (array_len(a->timestamps, "raw_sample_timestamps") != n)
             CORRUPT("raw_sample_timestamps has %ld entries for %ld samples", RARRAY_LEN(a->timestamps), n);
-        long prev = NUM2LONG(a->start_time);
+        long prev = start_time_of(a->start_time);
         for (long k = 0; k < n; k++) {
-            long t = int_at(a->timestamps, k, "raw_sample_timestamps");
-            rb_ary_push(deltas, LONG2NUM(t - prev));
+            long t = strobe_fixnum_at(a->timestamps, k, "raw_sample_timestamps"), delta;
+            if (__builtin_sub_overflow(t, prev, &delta)) CORRUPT("raw_sample_timestamps[%ld] is out of range", k);
+            rb_ary_push(deltas, LONG2NUM(delta));
             prev = t;
         }
     }
@@ -175,9 +178,9 @@ expand_body(VALUE arg)
     b->nodes = calloc((size_t)nodes_len, sizeof(strobe_node_t));
     if (!b->nodes) rb_memerror();
     for (long k = 1; k < nodes_len; k++) {
-        long parent = int_at(a->nodes, (k - 1) * 3, "nodes");
-        long frame = int_at(a->nodes, (k - 1) * 3 + 1, "nodes");
-        long line = int_at(a->nodes, (k - 1) * 3 + 2, "nodes");
+        long parent = strobe_fixnum_at(a->nodes, (k - 1) * 3, "nodes");
+        long frame = strobe_fixnum_at(a->nodes, (k - 1) * 3 + 1, "nodes");
+        long line = strobe_fixnum_at(a->nodes, (k - 1) * 3 + 2, "nodes");
         if (parent < 0 || parent >= k) CORRUPT("node %ld has parent %ld, not an earlier node", k, parent);
         if (frame < 0 || frame >= frames_len) CORRUPT("node %ld refers to frame %ld of %ld", k, frame, frames_len);
         if (line < INT32_MIN || line > INT32_MAX) CORRUPT("node %ld has line %ld", k, line);
@@ -199,22 +202,23 @@ expand_body(VALUE arg)
     b->threads = calloc((size_t)(n ? n : 1), sizeof(uint16_t));
     b->states = calloc((size_t)(n ? n : 1), 1);
     if (!b->sample_nodes || !b->times || !b->threads || !b->states) rb_memerror();
-    int64_t start = NUM2LL(a->start_time), t = start;
+    int64_t start = start_time_of(a->start_time), t = start;
     for (long k = 0; k < n; k++) {
-        long node = int_at(a->samples, k, "samples");
+        long node = strobe_fixnum_at(a->samples, k, "samples");
         if (node <= 0 || node >= nodes_len) CORRUPT("sample %ld refers to node %ld of %ld", k, node, nodes_len - 1);
         b->sample_nodes[k] = (uint32_t)node;
         if (deltas_len) {
-            t += int_at(a->deltas, k, "sample_deltas");
+            if (__builtin_add_overflow(t, (int64_t)strobe_fixnum_at(a->deltas, k, "sample_deltas"), &t))
+                CORRUPT("sample_deltas[%ld] is out of range", k);
             b->times[k] = t;
         }
         if (threads_len) {
-            long th = int_at(a->threads, k, "sample_threads");
+            long th = strobe_fixnum_at(a->threads, k, "sample_threads");
             if (th < 0 || th >= thread_count || th > UINT16_MAX) CORRUPT("sample %ld refers to thread %ld of %ld", k, th, thread_count);
             b->threads[k] = (uint16_t)th;
         }
         if (states_len) {
-            long state = int_at(a->states, k, "sample_states");
+            long state = strobe_fixnum_at(a->states, k, "sample_states");
             if (state < 0 || state >= STROBE_STATES) CORRUPT("sample %ld has state %ld", k, state);
             b->states[k] = (uint8_t)state;
         }
@@ -235,7 +239,7 @@ native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samp
               VALUE start_time, VALUE threads, VALUE thread_ids, VALUE states)
 {
     Check_Type(result, T_HASH);
-    if (!RB_INTEGER_TYPE_P(start_time)) CORRUPT("start_time is not an integer");
+    start_time_of(start_time);
     expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL };
     expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states };
     return rb_ensure(expand_body, (VALUE)&a, free_buffers, (VALUE)&b);
@@ -250,7 +254,7 @@ native_remap_raw(VALUE self, VALUE raw, VALUE map)
     Check_Type(map, T_HASH);
     VALUE out = rb_ary_new_capa(len);
     for (long i = 0; i < len;) {
-        long depth = int_at(raw, i, "raw");
+        long depth = strobe_fixnum_at(raw, i, "raw");
         if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
         rb_ary_push(out, RARRAY_AREF(raw, i));
         for (long k = 1; k <= depth; k++) {
@@ -258,7 +262,7 @@ native_remap_raw(VALUE self, VALUE raw, VALUE map)
             if (id == Qundef) CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", RARRAY_AREF(raw, i + k));
             rb_ary_push(out, id);
         }
-        int_at(raw, i + depth + 1, "raw");
+        strobe_fixnum_at(raw, i + depth + 1, "raw");
         rb_ary_push(out, RARRAY_AREF(raw, i + depth + 1));
         i += depth + 2;
     }

@@ -220,6 +220,7 @@ out_reserve(out_t *o, size_t more)
 static inline void
 out_mem(out_t *o, const char *s, size_t n)
 {
+    if (!n) return; /* nothing to copy, and buf may still be NULL */
     out_reserve(o, n);
     memcpy(o->buf + o->len, s, n);
     o->len += n;
@@ -550,13 +551,6 @@ tree_run(report_t *r, uint32_t node, uint64_t count)
     r->runs_count[r->runs++] = count;
 }
 
-static long
-raw_int(VALUE raw, long i)
-{
-    VALUE v = RARRAY_AREF(raw, i);
-    if (!FIXNUM_P(v)) CORRUPT("raw[%ld] is not an integer", i);
-    return FIX2LONG(v);
-}
 
 /* Interns every raw stack (root first, [depth, ids..., count] each) into
  * the tree. A stack shares the previous one's path up to the first level
@@ -579,10 +573,10 @@ report_tree(report_t *r)
 
     long len = RARRAY_LEN(raw), prev_depth = 0;
     for (long i = 0; i < len;) {
-        long depth = raw_int(raw, i);
+        long depth = strobe_fixnum_at(raw, i, "raw");
         /* Written so that no huge value can overflow the check. */
         if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
-        long count = raw_int(raw, i + depth + 1);
+        long count = strobe_fixnum_at(raw, i + depth + 1, "raw");
         if (count < 0) CORRUPT("raw has a negative count at index %ld", i + depth + 1);
         if (depth + 1 > r->path_capa) {
             r->path_capa = (depth + 1) * 2;

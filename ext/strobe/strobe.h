@@ -396,6 +396,17 @@ void strobe_report_define(VALUE mNative);
 /* ---- strobe.c ------------------------------------------------------------- */
 
 extern VALUE strobe_eProfileError;
+
+/* ary[i] (i in range) as a long, for arrays read from a result or a file:
+ * anything but a Fixnum (another type, or an integer too big for a long)
+ * raises Strobe::ProfileError naming what[i]. GVL held. */
+static inline long
+strobe_fixnum_at(VALUE ary, long i, const char *what)
+{
+    VALUE v = RARRAY_AREF(ary, i);
+    if (!FIXNUM_P(v)) rb_raise(strobe_eProfileError, "%s[%ld] is not an integer in range", what, i);
+    return FIX2LONG(v);
+}
 VALUE strobe_sym(const char *name);
 
 #endif

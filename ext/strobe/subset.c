@@ -54,13 +54,6 @@ array_key(VALUE hash, const char *name)
     return v;
 }
 
-static long
-int_at(VALUE ary, long i, const char *what)
-{
-    VALUE v = RARRAY_AREF(ary, i);
-    if (!RB_INTEGER_TYPE_P(v)) CORRUPT("%s[%ld] is not an integer", what, i);
-    return NUM2LONG(v);
-}
 
 static void
 keep(subset_t *s, uint32_t node, int64_t time, uint8_t state)
@@ -109,10 +102,10 @@ subset_body(VALUE arg)
     s->table_ready = 1;
     long sample = 0;
     for (long i = 0; i < raw_len;) {
-        long depth = int_at(raw, i, "raw");
+        long depth = strobe_fixnum_at(raw, i, "raw");
         /* Written so that no huge value can overflow the checks. */
         if (depth < 0 || depth > raw_len - i - 2) CORRUPT("raw is truncated at index %ld", i);
-        long count = int_at(raw, i + depth + 1, "raw");
+        long count = strobe_fixnum_at(raw, i + depth + 1, "raw");
         if (count < 0 || count > n - sample) CORRUPT("raw has more samples than raw_sample_threads");
         uint32_t node = 0;
         int interned = 0;
@@ -125,7 +118,8 @@ subset_body(VALUE arg)
                     if (rb_hash_lookup2(frames, id, Qundef) == Qundef)
                         CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", id);
                     uint32_t f = strobe_stack_table_frame(&s->table, id, STROBE_FRAME_RUBY);
-                    long line = int_at(raw_lines, i + d, "raw_lines");
+                    long line = strobe_fixnum_at(raw_lines, i + d, "raw_lines");
+                    if (line < INT32_MIN || line > INT32_MAX) CORRUPT("raw_lines[%ld] is out of range", i + d);
                     node = strobe_stack_table_node(&s->table, node, f, (int32_t)line);
                 }
                 interned = 1;
@@ -133,7 +127,7 @@ subset_body(VALUE arg)
             int state = STROBE_STATE_UNKNOWN;
             if (has_states && !NIL_P(RARRAY_AREF(states, k)) && (state = strobe_state_of(RARRAY_AREF(states, k))) < 0)
                 CORRUPT("raw_sample_states[%ld] is not a thread state", k);
-            if (node) keep(s, node, has_times ? NUM2LL(RARRAY_AREF(stamps, k)) : 0, (uint8_t)state);
+            if (node) keep(s, node, has_times ? strobe_fixnum_at(stamps, k, "raw_sample_timestamps") : 0, (uint8_t)state);
         }
         sample += count;
         i += depth + 2;
@@ -187,7 +181,9 @@ subset_body(VALUE arg)
     int64_t start = 0;
     VALUE deltas = key(result, "raw_timestamp_deltas");
     if (has_times && n && RB_TYPE_P(deltas, T_ARRAY) && RARRAY_LEN(deltas) == n)
-        start = NUM2LL(RARRAY_AREF(stamps, 0)) - NUM2LL(RARRAY_AREF(deltas, 0));
+        if (__builtin_sub_overflow(strobe_fixnum_at(stamps, 0, "raw_sample_timestamps"),
+                                   strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas"), &start))
+            CORRUPT("raw_timestamp_deltas[0] is out of range");
     VALUE thread_ids = rb_ary_new_from_args(1, s->tid);
     strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes, has_times ? s->times : NULL,
                        thread_ids, s->threads, has_states ? (s->states ? s->states : (uint8_t *)"") : NULL,

@@ -24,8 +24,8 @@ module Strobe
 
       check_compatible(list, names)
       merged = list.first.reject { |key, _| RAW_KEYS.include?(key) || key == :frames || key == :threads }
-      COUNTS.each { |key| merged[key] = list.sum { |r| r[key].to_i } }
-      merged[:metadata] = list.map { |r| r[:metadata] || {} }.reduce({}, :merge)
+      COUNTS.each { |key| merged[key] = list.sum { |r| ProfileFile.count(r[key], key.to_s) } }
+      merged[:metadata] = list.map { |r| r[:metadata].is_a?(Hash) ? r[:metadata] : {} }.reduce({}, :merge)
       ids = {}
       merged[:frames] = {}
       maps = list.map { |r| merge_frames(r[:frames] || {}, merged[:frames], ids) }
@@ -50,12 +50,16 @@ module Strobe
 
     # Adds frames' counts into merged; returns {old id => new id}.
     def merge_frames(frames, merged, ids)
+      raise ProfileError, "frames is not a Hash" unless frames.is_a?(Hash)
+
       frames.to_h do |id, frame|
+        raise ProfileError, "frame #{id.inspect[0, 40]} is not a Hash" unless frame.is_a?(Hash)
+
         key = [frame[:name].to_s, frame[:file].to_s, frame[:line]]
         new_id = ids[key] ||= ids.size + 1
         target = merged[new_id] ||= frame.slice(:name, :file, :line).merge(total_samples: 0, samples: 0)
-        target[:total_samples] += frame[:total_samples].to_i
-        target[:samples] += frame[:samples].to_i
+        target[:total_samples] += ProfileFile.count(frame[:total_samples], "total_samples of #{key[0]}")
+        target[:samples] += ProfileFile.count(frame[:samples], "samples of #{key[0]}")
         [id, new_id]
       end
     end
@@ -63,29 +67,40 @@ module Strobe
     def add_edges_and_lines(frames, merged, map)
       frames.each do |id, frame|
         target = merged[map[id]]
+        unless [frame[:edges], frame[:lines]].all? { |v| v.nil? || v.is_a?(Hash) }
+          raise ProfileError, "the edges or lines of #{frame[:name]} are not Hashes"
+        end
+
         (frame[:edges] || {}).each do |callee, count|
           next unless map.key?(callee)
 
           edges = target[:edges] ||= {}
-          edges[map[callee]] = edges.fetch(map[callee], 0) + count.to_i
+          edges[map[callee]] = edges.fetch(map[callee], 0) + ProfileFile.count(count, "an edge count")
         end
-        (frame[:lines] || {}).each do |line, (total, self_count)|
-          pair = (target[:lines] ||= {})[line] ||= [0, 0]
-          pair[0] += total.to_i
-          pair[1] += self_count.to_i
+        (frame[:lines] || {}).each do |line, pair|
+          raise ProfileError, "the lines of #{frame[:name]} are not {line => [total, self]}" unless pair.is_a?(Array)
+
+          sums = (target[:lines] ||= {})[line] ||= [0, 0]
+          sums[0] += ProfileFile.count(pair[0], "a line's total")
+          sums[1] += ProfileFile.count(pair[1], "a line's self count")
         end
       end
     end
 
     def merge_threads(list)
       list.each_with_object({}) do |r, threads|
+        raise ProfileError, "threads is not a Hash" unless r[:threads].nil? || r[:threads].is_a?(Hash)
+
         (r[:threads] || {}).each do |id, info|
+          raise ProfileError, "thread #{id.inspect[0, 40]} is not a Hash" unless info.is_a?(Hash)
+          raise ProfileError, "the states of thread #{id} are not a Hash" unless info[:states].nil? || info[:states].is_a?(Hash)
+
           target = threads[id] ||= { name: info[:name], samples: 0 }
-          target[:samples] += info[:samples].to_i
+          target[:samples] += ProfileFile.count(info[:samples], "a thread's samples")
           next unless info[:states]
 
           states = target[:states] ||= {}
-          info[:states].each { |state, n| states[state] = states.fetch(state, 0) + n.to_i }
+          info[:states].each { |state, n| states[state] = states.fetch(state, 0) + ProfileFile.count(n, "a thread state's samples") }
         end
       end
     end

@@ -29,9 +29,9 @@ module Strobe
 
       @mode = parse_mode(opts.fetch(:mode, :wall))
       @interval = parse_interval(opts[:interval])
-      @raw = opts[:raw] ? true : false
-      @aggregate = opts.fetch(:aggregate, true) ? true : false
-      @ignore_gc = opts[:ignore_gc] ? true : false
+      @raw = parse_flag(:raw, opts.fetch(:raw, false))
+      @aggregate = parse_flag(:aggregate, opts.fetch(:aggregate, true))
+      @ignore_gc = parse_flag(:ignore_gc, opts.fetch(:ignore_gc, false))
       @metadata = parse_metadata(opts[:metadata])
       @out = parse_out(opts[:out])
       @threads = parse_threads(opts.fetch(:threads, :all))
@@ -68,6 +68,13 @@ module Strobe
       return value if value.between?(MIN_TIME_INTERVAL, MAX_TIME_INTERVAL)
 
       raise ArgumentError, "interval is a number of microseconds from #{MIN_TIME_INTERVAL} to #{MAX_TIME_INTERVAL}, got #{value}"
+    end
+
+    # true or false (nil: false); anything else is a mistake worth naming.
+    def parse_flag(name, value)
+      return value == true if [true, false, nil].include?(value)
+
+      raise ArgumentError, "#{name} must be true or false, got #{value.inspect}"
     end
 
     def parse_threads(value)

@@ -25,6 +25,17 @@ module Strobe
 
     module_function
 
+    # value as a count: a non-negative Integer below 2**64, as the C engine
+    # counts (0 for nil); anything else raises ProfileError naming what.
+    # Reports and merging use it on every count they add up, files on every
+    # count they read.
+    def count(value, what)
+      return 0 if value.nil?
+      return value if value.is_a?(Integer) && !value.negative? && value < 2**64
+
+      raise ProfileError, "#{what} is not a non-negative integer below 2**64: #{value.inspect[0, 40]}"
+    end
+
     # Writes result to target (a path, or an IO). A path is written
     # atomically: a temporary file in the same directory, then a rename.
     def write(result, target)
@@ -90,8 +101,19 @@ module Strobe
       raise ProfileError, "#{name}: not a valid Marshal dump (#{e.message.lines.first.chomp})"
     end
 
+    # Decompressed profiles stay far below this (a million raw samples make
+    # about 10 MB); a file that inflates past it is refused, not read into
+    # memory whole.
+    MAX_INFLATED = 1 << 30
+
     def gunzip(bytes, name)
-      Zlib::GzipReader.new(StringIO.new(bytes)).read
+      reader = Zlib::GzipReader.new(StringIO.new(bytes))
+      out = +""
+      while (chunk = reader.read(1 << 20))
+        out << chunk
+        raise ProfileError, "#{name}: decompresses to more than #{MAX_INFLATED >> 20} MB" if out.bytesize > MAX_INFLATED
+      end
+      out
     rescue Zlib::Error => e
       raise ProfileError, "#{name}: gzip data is corrupt (#{e.message})"
     end
@@ -168,20 +190,30 @@ module Strobe
 
     def header(doc, name)
       mode = expect(doc, :mode, String, name)
-      {
-        version: doc[:version], mode: mode.to_sym, interval: doc[:interval],
-        samples: expect(doc, :samples, Integer, name), gc_samples: doc[:gc_samples].to_i,
-        missed_samples: doc[:missed_samples].to_i, metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
+      raise ProfileError, "#{name}: mode #{mode.inspect[0, 40]} is not a mode" unless mode.match?(/\A[a-z_]{1,32}\z/)
+      interval = doc[:interval]
+      raise ProfileError, "#{name}: interval is not an integer" unless interval.nil? || interval.is_a?(Integer)
+
+      header = {
+        version: doc[:version], mode: mode.to_sym, interval: interval,
+        samples: count(expect(doc, :samples, Integer, name), "#{name}: samples"),
+        gc_samples: count(doc[:gc_samples], "#{name}: gc_samples"),
+        missed_samples: count(doc[:missed_samples], "#{name}: missed_samples"),
+        metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
       }
+      header[:truncated_samples] = count(doc[:truncated_samples], "#{name}: truncated_samples") if doc.key?(:truncated_samples)
+      header
     end
 
     def decode_thread(thread, name)
       raise ProfileError, "#{name}: a thread is not an object" unless thread.is_a?(Hash)
 
-      info = { name: thread[:name], samples: thread[:samples] }
+      raise ProfileError, "#{name}: a thread's name is not a string" unless thread[:name].nil? || thread[:name].is_a?(String)
+
+      info = { name: thread[:name], samples: count(thread[:samples], "#{name}: a thread's samples") }
       states = thread[:states]
       if states
-        unless states.is_a?(Hash) && states.all? { |k, v| THREAD_STATES.include?(k) && v.is_a?(Integer) }
+        unless states.is_a?(Hash) && states.all? { |k, v| THREAD_STATES.include?(k) && v.is_a?(Integer) && !v.negative? }
           raise ProfileError, "#{name}: thread #{thread[:id].inspect} has malformed states"
         end
         info[:states] = states
@@ -192,12 +224,25 @@ module Strobe
     def decode_frame(frame, name)
       raise ProfileError, "#{name}: a frame is not an object" unless frame.is_a?(Hash) && frame[:id].is_a?(Integer)
 
+      what = "#{name}: frame #{frame[:id]}"
       out = { name: frame[:name].to_s, file: frame[:file] }
       out[:line] = frame[:line] if frame.key?(:line)
-      out[:total_samples] = frame[:total_samples].to_i
-      out[:samples] = frame[:samples].to_i
-      out[:edges] = frame[:edges].to_h if frame[:edges]
-      out[:lines] = frame[:lines].to_h { |line, total, self_count| [line, [total, self_count]] } if frame[:lines]
+      out[:total_samples] = count(frame[:total_samples], "#{what} total_samples")
+      out[:samples] = count(frame[:samples], "#{what} samples")
+      if frame[:edges]
+        out[:edges] = frame[:edges].to_h do |callee, n|
+          raise ProfileError, "#{what} has an edge to #{callee.inspect[0, 40]}" unless callee.is_a?(Integer)
+
+          [callee, count(n, "#{what} edge count")]
+        end
+      end
+      if frame[:lines]
+        out[:lines] = frame[:lines].to_h do |line, total, self_count|
+          raise ProfileError, "#{what} has a line #{line.inspect[0, 40]}" unless line.is_a?(Integer)
+
+          [line, [count(total, "#{what} line total"), count(self_count, "#{what} line self")]]
+        end
+      end
       [frame[:id], out]
     rescue TypeError, ArgumentError, NoMethodError
       raise ProfileError, "#{name}: frame #{frame[:id].inspect} is malformed"
@@ -219,13 +264,22 @@ module Strobe
       frames = expect(doc, :frames, Hash, name)
       result = header(doc, name)
       result[:frames] = frames.to_h do |id, frame|
-        frame = frame.dup
-        frame[:edges] = frame[:edges].transform_keys { |k| k.to_s.to_i } if frame[:edges].is_a?(Hash)
-        frame[:lines] = frame[:lines].transform_keys { |k| k.to_s.to_i } if frame[:lines].is_a?(Hash)
-        [id.to_s.to_i, frame]
+        unless frame.is_a?(Hash) && id.to_s.match?(/\A\d+\z/) &&
+               [frame[:edges], frame[:lines]].all? { |v| v.nil? || v.is_a?(Hash) }
+          raise ProfileError, "#{name}: frame #{id.to_s[0, 40]} is malformed"
+        end
+
+        edges = frame[:edges]&.map { |callee, n| [integer_key(callee), n] }
+        lines = frame[:lines]&.map { |line, pair| [integer_key(line), *(pair.is_a?(Array) ? pair.first(2) : [pair, pair])] }
+        decode_frame(frame.merge(id: id.to_s.to_i, edges: edges, lines: lines).compact, name)
       end
       (doc.keys - result.keys).each { |key| result[key] = doc[key] }
       result
+    end
+
+    # A JSON object's key that stood for an Integer ("12"), as one.
+    def integer_key(key)
+      key.to_s.match?(/\A-?\d+\z/) ? key.to_s.to_i : key
     end
 
     def expect(doc, key, type, name)

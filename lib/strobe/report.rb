@@ -76,15 +76,20 @@ module Strobe
 
     # All samples, GC samples included.
     def samples
-      @result[:samples].to_i
+      count_of(:samples)
     end
 
     def gc_samples
-      @result[:gc_samples].to_i
+      count_of(:gc_samples)
     end
 
     def missed_samples
-      @result[:missed_samples].to_i
+      count_of(:missed_samples)
+    end
+
+    # Samples whose stack was deeper than 1024 frames (cut to the innermost).
+    def truncated_samples
+      count_of(:truncated_samples)
     end
 
     # Percentage of the samples due that were missed, 0.0 when none were due.
@@ -265,6 +270,10 @@ module Strobe
 
     private
 
+    def count_of(key)
+      ProfileFile.count(@result[key], key.to_s)
+    end
+
     def check_limit(limit)
       return if limit.nil? || (limit.is_a?(Integer) && limit >= 0)
 
@@ -375,8 +384,10 @@ module Strobe
       io.puts "  Thread: #{thread_line}" if @result[:thread]
       io.puts format("  Samples: %d (%.2f%% miss rate)", samples, miss_rate)
       io.puts format("  GC: %d (%.2f%%)", gc_samples, gc_rate)
-      truncated = @result[:truncated_samples].to_i
-      io.puts format("  Truncated: %d (%.2f%%), stacks deeper than 1024 frames", truncated, percent(truncated)) if truncated.positive?
+      if truncated_samples.positive?
+        io.puts format("  Truncated: %d (%.2f%%), stacks deeper than 1024 frames", truncated_samples,
+                       percent(truncated_samples))
+      end
       print_thread_states(io)
       io.puts RULE
     end

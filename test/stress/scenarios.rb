@@ -1,0 +1,238 @@
+# frozen_string_literal: true
+
+# The stress scenarios: programs that do what crashed or hung other Ruby
+# profilers (signal handlers, GC compaction, fork, VM shutdown, YJIT,
+# signal conflicts, Ractors) while Strobe samples at 10 kHz. Each runs in a
+# child process after PRELUDE, with STRESS_OUT naming the profile file it
+# must leave. A scenario is {code:, status: (expected exit status, 0),
+# profile: (whether a profile must be left, true), ruby_args: ([]),
+# stderr: (a Regexp stderr must match, or nil)}.
+module StressScenarios
+  PRELUDE = <<~'RUBY'
+    require "strobe"
+    OUT = ENV.fetch("STRESS_OUT")
+    $stdout.sync = true
+    def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+    # Method calls, allocations and a little of everything, for seconds.
+    def churn(seconds)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+      kept = []
+      while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        fib(12)
+        kept << Array.new(50) { |i| "s#{i}" }.map(&:upcase).join
+        kept.shift if kept.size > 200
+      end
+      kept.size
+    end
+    def save! = Strobe.results(OUT)
+  RUBY
+
+  TIME_MODES = %i[wall cpu].freeze
+
+  def self.each_mode(name, &block)
+    TIME_MODES.to_h { |mode| ["#{name}_#{mode}", block.call(mode)] }
+  end
+
+  SCENARIOS = {}.merge(
+    each_mode("gc_compact_loop") do |mode|
+      { code: <<~RUBY }
+        Strobe.start(mode: :#{mode}, interval: 100, raw: true)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
+        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          churn(0.01)
+          GC.compact
+        end
+        Strobe.stop
+        save!
+      RUBY
+    end,
+    each_mode("auto_compact") do |mode|
+      { code: <<~RUBY }
+        GC.auto_compact = true
+        Strobe.start(mode: :#{mode}, interval: 100, raw: true)
+        20.times { churn(0.02); GC.start }
+        Strobe.stop
+        save!
+      RUBY
+    end,
+    each_mode("gc_stress_bursts") do |mode|
+      { code: <<~RUBY }
+        Strobe.start(mode: :#{mode}, interval: 100, raw: true)
+        5.times do
+          churn(0.05)
+          GC.stress = true
+          200.times { |i| [i.to_s, { i => i }] }
+          GC.stress = false
+        end
+        Strobe.stop
+        save!
+      RUBY
+    end,
+    each_mode("fork_children") do |mode|
+      { code: <<~RUBY }
+        Strobe.start(mode: :#{mode}, interval: 100, raw: true)
+        churn(0.1)
+        plain = fork do
+          churn(0.1)
+          raise "child still profiling" if Strobe.running?
+          Strobe.run(mode: :#{mode}, interval: 100) { churn(0.1) }
+          exit!(0)
+        end
+        execed = fork { exec(RbConfig.ruby, "-e", "exit 7") }
+        churn(0.1)
+        Process.wait(plain)
+        raise "fork child: \#{$?.inspect}" unless $?.exitstatus == 0
+        Process.wait(execed)
+        raise "exec child: \#{$?.inspect}" unless $?.exitstatus == 7
+        Strobe.stop
+        save!
+      RUBY
+    end,
+    "daemon" => { code: <<~RUBY },
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      churn(0.05)
+      marker = OUT + ".daemon"
+      pid = fork do
+        Process.daemon(true, true)
+        Strobe.run(mode: :wall, interval: 100, raw: true, out: marker + ".tmp") { churn(0.1) }
+        File.rename(marker + ".tmp", marker)
+      end
+      Process.wait(pid)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+      sleep 0.02 until File.exist?(marker) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      raise "the daemon left no profile" unless Strobe.load(marker)[:samples] > 0
+      Strobe.stop
+      save!
+    RUBY
+    "exit_while_profiling" => { status: 3, code: <<~RUBY },
+      at_exit { Strobe.stop; save! }
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      Thread.new { churn(1) }
+      churn(0.2)
+      exit 3
+    RUBY
+    "exit_bang_while_profiling" => { status: 4, profile: false, code: <<~RUBY },
+      Strobe.start(mode: :cpu, interval: 100, raw: true)
+      Thread.new { churn(1) }
+      churn(0.2)
+      exit! 4
+    RUBY
+    "abort_while_profiling" => { status: 1, stderr: /giving up/, code: <<~RUBY },
+      at_exit { Strobe.stop; save! }
+      Strobe.start(mode: :cpu, interval: 100, raw: true)
+      churn(0.2)
+      abort "giving up"
+    RUBY
+    "uncaught_exception_while_profiling" => { status: 1, stderr: /RuntimeError/, code: <<~RUBY },
+      at_exit { Strobe.stop; save! }
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      churn(0.2)
+      raise "unhandled"
+    RUBY
+    "exit_without_stopping" => { profile: false, code: <<~RUBY },
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      4.times { Thread.new { churn(2) } }
+      churn(0.2)
+    RUBY
+    "start_in_at_exit" => { code: <<~RUBY },
+      at_exit do
+        Strobe.run(mode: :wall, interval: 100, raw: true, out: OUT) { churn(0.2) }
+      end
+      churn(0.05)
+    RUBY
+    "thread_churn" => { code: <<~RUBY },
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      1000.times.each_slice(50) { |slice| slice.map { |i| Thread.new { fib(8); i } }.each(&:join) }
+      Strobe.stop
+      save!
+      raise "registry kept ended threads" unless Strobe::Native.thread_registry[:live] <= 2
+    RUBY
+    "deep_recursion" => { code: <<~RUBY },
+      def descend(n) = n.zero? ? churn(0.3) : descend(n - 1)
+      r = Strobe.run(mode: :cpu, interval: 100, raw: true) { descend(10_000) }
+      raise "no truncated samples: \#{r[:truncated_samples].inspect}" unless r[:truncated_samples] > 0
+      Strobe.save(r, OUT)
+    RUBY
+    "yjit" => { ruby_args: ["--yjit"], code: <<~RUBY },
+      raise "no YJIT" unless defined?(RubyVM::YJIT) && RubyVM::YJIT.enabled?
+      sleeper = Thread.new { sleep 0.5 }
+      Strobe.start(mode: :cpu, interval: 100, raw: true)
+      churn(0.3)
+      Strobe.stop
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      churn(0.3)
+      Strobe.stop
+      sleeper.join
+      save!
+    RUBY
+    "foreign_sigprof_and_sigalrm_handlers" => { code: <<~RUBY },
+      got = Hash.new(0)
+      prof = trap("PROF") { got[:prof] += 1 }
+      alrm = trap("ALRM") { got[:alrm] += 1 }
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      5.times { Process.kill("PROF", Process.pid); Process.kill("ALRM", Process.pid); churn(0.02) }
+      Strobe.stop
+      5.times { Process.kill("PROF", Process.pid); Process.kill("ALRM", Process.pid); churn(0.01) }
+      raise "handlers ran \#{got}" unless got == { prof: 10, alrm: 10 }
+      mine_prof = trap("PROF", "DEFAULT")
+      mine_alrm = trap("ALRM", "DEFAULT")
+      raise "handlers replaced" unless mine_prof.is_a?(Proc) && mine_alrm.is_a?(Proc)
+      save!
+    RUBY
+    "foreign_sigurg_handler_is_refused" => { code: <<~RUBY },
+      got = 0
+      trap(Strobe::Native::SIGNAL) { got += 1 }
+      begin
+        Strobe.start(mode: :wall, interval: 100)
+        raise "started over a foreign handler"
+      rescue Strobe::Error => e
+        raise e unless e.message.include?("already has a handler")
+      end
+      Process.kill(Strobe::Native::SIGNAL, Process.pid)
+      sleep 0.05
+      raise "the program's handler is gone" unless got == 1
+      trap(Strobe::Native::SIGNAL, "SYSTEM_DEFAULT")
+      Strobe.run(mode: :custom, out: OUT) { Strobe.sample }
+    RUBY
+    "blocking_calls_under_sampling" => { code: <<~RUBY },
+      Strobe.start(mode: :wall, interval: 100, raw: true)
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      sleep 0.2
+      slept = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+      raise "sleep returned early: \#{slept}" if slept < 0.2
+      r, w = IO.pipe
+      writer = Thread.new { 20.times { |i| sleep 0.01; w.write("chunk\#{i}\\n") }; w.close }
+      lines = r.each_line.map(&:chomp)
+      writer.join
+      raise "pipe read \#{lines.size} lines" unless lines == Array.new(20) { |i| "chunk\#{i}" }
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      raise "select saw data" unless IO.select([r2 = IO.pipe.first], nil, nil, 0.15).nil?
+      raise "select returned early" if Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0 < 0.15
+      q = Queue.new
+      Thread.new { sleep 0.05; q << :item }
+      raise "queue" unless q.pop == :item
+      m = Mutex.new
+      cv = ConditionVariable.new
+      ready = false
+      Thread.new { sleep 0.05; m.synchronize { ready = true; cv.signal } }
+      m.synchronize { cv.wait(m, 1) until ready }
+      raise "system" unless system(RbConfig.ruby, "-e", "sleep 0.05")
+      out = IO.popen([RbConfig.ruby, "-e", "sleep 0.05; print :done"], &:read)
+      raise "popen: \#{out.inspect}" unless out == "done"
+      Strobe.stop
+      save!
+    RUBY
+    "ractors" => { stderr: nil, code: <<~RUBY },
+      Warning[:experimental] = false
+      %i[wall cpu].each do |mode|
+        Strobe.start(mode: mode, interval: 100, raw: true)
+        ractors = 2.times.map { Ractor.new { f = ->(n) { n < 2 ? n : f.(n - 1) + f.(n - 2) }; f.(24) } }
+        churn(0.2)
+        results = ractors.map(&:take)
+        raise "ractors: \#{results}" unless results == [46_368, 46_368]
+        Strobe.stop
+      end
+      save!
+    RUBY
+  ).freeze
+end
