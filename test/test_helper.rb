@@ -20,6 +20,14 @@ module StrobeTestHelpers
   ROOT = File.expand_path("..", __dir__)
   LIB = File.join(ROOT, "lib")
 
+  # For tests of sampling statistics (rates, shares between threads):
+  # under `rake test:valgrind` the process runs some 50 times slower and
+  # valgrind runs one thread at a time, so the statistics cannot hold; the
+  # memory checking is what that run is for.
+  def skip_statistics_under_valgrind
+    skip "sampling statistics do not hold under valgrind (one thread at a time, 50x slower)" if ENV["STROBE_UNDER_VALGRIND"]
+  end
+
   # Runs a command in a child process, killed after timeout seconds (a
   # safeguard against a hang, not a timing check): [stdout, stderr, status].
   # It runs in its own process group, so a hang kills what it forked too.

@@ -166,6 +166,7 @@ class TestReportFormats < Minitest::Test
 
   # stackprof's own Report reads our --json output and prints the same table.
   def test_stackprof_reads_our_json
+    skip_statistics_under_valgrind
     require "stackprof"
     clock = Process::CLOCK_THREAD_CPUTIME_ID
     real = Strobe.run(mode: :cpu, interval: 500, raw: true) do

@@ -539,7 +539,7 @@ class TestStackprofDropin < Minitest::Test
       env = { "RUBYOPT" => "-rstrobe/stackprof/autorun", "STACKPROF_MODE" => "cpu", "STACKPROF_INTERVAL" => "500",
               "STACKPROF_RAW" => "1", "STACKPROF_OUT" => out_path }
       out, err, status = run_command(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e",
-                                     "def busy = 300_000.times { |i| i.to_s }; busy")
+                                     "def busy = 1_000_000.times { |i| i.to_s }; busy")
       assert status.success?, err
       assert_equal "", out
       assert_includes err, "StackProf results dumped at: #{out_path}"

@@ -44,6 +44,7 @@ class TestThreads < Minitest::Test
   end
 
   def test_cpu_mode_attributes_each_threads_cpu_time
+    skip_statistics_under_valgrind
     result = Strobe.run(mode: :cpu, interval: 500) { run_workers([0.2, 0.15, 0.1, 0.05]) { |s| spin(s) } }
     assert_shares [40, 30, 20, 10], result
   end
@@ -61,6 +62,7 @@ class TestThreads < Minitest::Test
   end
 
   def test_cpu_mode_gives_a_joining_thread_no_samples
+    skip_statistics_under_valgrind
     main_tid = Thread.current.native_thread_id
     result = Strobe.run(mode: :cpu, interval: 1000) { run_workers([0.3]) { |s| spin(s) } }
     worker = result[:threads].values.find { |t| t[:name] == "worker0" }
@@ -79,6 +81,7 @@ class TestThreads < Minitest::Test
   end
 
   def test_threads_option_accepts_a_thread_that_starts_later
+    skip_statistics_under_valgrind
     worker = Thread.new do
       Thread.stop
       spin(0.1)
@@ -130,6 +133,7 @@ class TestThreads < Minitest::Test
   # timer: :process is stackprof's way (one process-wide timer, the thread
   # it lands on): the result says which timer sampled it.
   def test_the_result_says_which_timer_sampled
+    skip_statistics_under_valgrind
     result = Strobe.run(mode: :wall, interval: 1000, timer: :process) { alternate(0.4) }
     assert_equal :process, result[:timer]
     # Every sample a changed stack, more of them than the 64 ring slots
@@ -287,6 +291,7 @@ class TestThreads < Minitest::Test
   end
 
   def test_wall_mode_does_not_interrupt_threads_that_stay_blocked
+    skip_statistics_under_valgrind
     Strobe.start(mode: :wall, interval: 1000, threads: :all)
     napped = Queue.new
     run_workers([0.3, 0.3, 0.3, 0.3]) do |s|
@@ -318,6 +323,7 @@ class TestThreads < Minitest::Test
   end
 
   def test_a_thread_that_wakes_up_is_sampled_where_it_runs
+    skip_statistics_under_valgrind
     result = Strobe.run(mode: :wall, interval: 1000, threads: :all) { run_workers([0]) { idle_then_busy } }
     frames = frames_by_name(result)
     worker = result[:threads].values.find { |t| t[:name] == "worker0" }[:samples]
