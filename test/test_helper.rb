@@ -7,13 +7,19 @@ require "open3"
 require "timeout"
 
 # Every test runs with compaction after each major GC: profiler tables must
-# survive objects moving under them. Not in `rake test:asan`: loading the
-# whole suite with auto-compaction on sometimes leaves minitest's own
-# Thread::Queue broken ("not initialized") before any test has run. Seen
-# with the sanitizer build (7 loads in 15), with the release build under
-# the preloaded sanitizer runtime (4 in 20) and with an -O1 build (3 in 20);
-# not with the -O2 release build alone (0 in 45), nor with auto-compaction
-# off. Cause not found. Tests that call GC.compact themselves still run.
+# survive objects moving under them.
+#
+# GC.start first: Ruby 3.1.2 has a bug where turning auto-compaction on
+# while an incremental major GC is still marking makes that GC's lazy sweep
+# compact although marking pinned nothing (gc_marks_start decides pinning
+# from the flag at the start of marking, gc_sweep decides compaction from
+# the flag at sweep time). Objects the VM needs pinned then move under it:
+# a call cache in the global call-cache table, read as freed memory at the
+# next GC (a segfault), or a Thread::Queue's array (minitest's queue came up
+# "not initialized"). Whether a GC is marking at that point depends only on
+# how much was allocated while loading, which is why it came and went with
+# build variants. Ruby 3.3 decides both at the start of the GC.
+GC.start
 GC.auto_compact = true unless ENV["STROBE_TEST_NO_AUTO_COMPACT"]
 
 module StrobeTestHelpers
