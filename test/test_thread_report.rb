@@ -17,6 +17,7 @@ class TestThreadReport < Minitest::Test
   def burn_b = burn(0.05)
 
   def two_thread_result(raw: true)
+    skip_statistics_under_valgrind # CPU-time samples of two threads
     Strobe.run(mode: :cpu, interval: 500, raw: raw) do
       [Thread.new { Thread.current.name = "A"; burn_a }, Thread.new { Thread.current.name = "B"; burn_b }].each(&:join)
     end

@@ -69,8 +69,8 @@ class TestThreadStates < Minitest::Test
   # The plumbing works on every Ruby: states given to a result survive the
   # file format and a per-thread report.
   def synthetic_result
-    result = Strobe.run(mode: :wall, interval: 500, raw: true) do
-      [Thread.new { spin(0.05) }, Thread.new { spin(0.05) }].each(&:join)
+    result = Strobe.run(mode: :custom, raw: true) do
+      [Thread.new { 7.times { Strobe.sample } }, Thread.new { 5.times { Strobe.sample } }].each(&:join)
     end
     cycle = [*STATES, nil]
     result[:raw_sample_states] = Array.new(result[:samples]) { |i| cycle[i % cycle.size] }
