@@ -23,6 +23,8 @@ module Strobe
   autoload :Report, File.expand_path("strobe/report", __dir__)
   autoload :Flamegraph, File.expand_path("strobe/flamegraph", __dir__)
   autoload :Merge, File.expand_path("strobe/merge", __dir__)
+  autoload :Middleware, File.expand_path("strobe/middleware", __dir__)
+  autoload :Toggle, File.expand_path("strobe/toggle", __dir__)
   @pending = Pending.new
 
   class << self
@@ -38,8 +40,13 @@ module Strobe
       return false if running?
 
       options = Options.new(opts)
-      # Metadata of several start/stop rounds merges; the last out: wins.
-      @pending.start((@pending.metadata || {}).merge(options.metadata), options.out || @pending.out) do
+      # Metadata of several start/stop rounds merges; the last out:, format:
+      # and on_result: given win.
+      settings = { metadata: (@pending[:metadata] || {}).merge(options.metadata),
+                   out: options.out || @pending[:out],
+                   format: opts.key?(:format) ? options.format : @pending[:format] || options.format,
+                   on_result: options.on_result || @pending[:on_result] }
+      @pending.start(settings) do
         Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
                      options.threads_list, options.timer)
       end
@@ -54,11 +61,12 @@ module Strobe
       result = Native.results
       return nil unless result
 
-      result[:metadata], pending_out = @pending.take
-      target = out || pending_out
+      settings = @pending.take
+      result[:metadata] = settings[:metadata] || {}
+      target = out || settings[:out]
       return result unless target
 
-      ProfileFile.write(result, target)
+      ProfileFile.write(result, target, format: settings[:format] || :json)
       target
     end
 
@@ -71,9 +79,42 @@ module Strobe
       ProfileFile.read(path, marshal: marshal)
     end
 
-    # Writes a result Hash to path (or IO) in Strobe's compact JSON format.
-    def save(result, target)
-      ProfileFile.write(result, target)
+    # Writes a result Hash to path (or IO): Strobe's compact JSON (gzipped
+    # when the path ends in .gz), or another of Options::FORMATS.
+    def save(result, target, format: :json)
+      ProfileFile.write(result, target, format: format)
+    end
+
+    # Each `signal` (a name such as :USR2) starts or stops profiling; see
+    # Strobe::Toggle (lib/strobe/toggle.rb) for the options. Replaces an
+    # earlier toggle.
+    def toggle_on(signal, **options)
+      toggle = Toggle.new(signal, **options)
+      toggle_off
+      @toggle = toggle.install
+      true
+    end
+
+    # Removes the toggle (profiling that is running goes on); false when
+    # there was none.
+    def toggle_off
+      return false unless @toggle
+
+      @toggle.uninstall
+      @toggle = nil
+      true
+    end
+
+    private
+
+    # Called by Strobe.stop (C) once sampling has stopped: an on_result:
+    # proc gets the result, on a thread of its own.
+    def stopped
+      on_result = @pending[:on_result]
+      return unless on_result
+
+      result = results
+      Thread.new { on_result.call(result) } if result
     end
   end
 end

@@ -149,6 +149,25 @@ stop_after_block(VALUE unused)
     return Qnil;
 }
 
+/* Strobe.stop: false when not running; once stopped, lib/strobe.rb's
+ * Strobe.stopped hands the result to an on_result: proc, if one was given. */
+static VALUE
+strobe_stop(VALUE self)
+{
+    if (!strobe_sampler_running()) return Qfalse;
+    strobe_sampler_stop();
+    rb_funcall(mStrobe, rb_intern("stopped"), 0);
+    return Qtrue;
+}
+
+static VALUE
+strobe_stop_after_block(VALUE unused)
+{
+    (void)unused;
+    strobe_stop(mStrobe);
+    return Qnil;
+}
+
 static VALUE
 yield_block(VALUE unused)
 {
@@ -163,7 +182,7 @@ strobe_run(int argc, VALUE *argv, VALUE self)
     if (!rb_block_given_p()) rb_raise(rb_eArgError, "Strobe.run needs a block");
     if (!RTEST(rb_funcallv_kw(self, rb_intern("start"), argc, argv, rb_keyword_given_p())))
         rb_raise(eStrobeError, "Strobe is already running");
-    rb_ensure(yield_block, Qnil, stop_after_block, Qnil);
+    rb_ensure(yield_block, Qnil, strobe_stop_after_block, Qnil);
     return rb_funcall(self, rb_intern("results"), 0);
 }
 
@@ -248,7 +267,7 @@ Init_strobe(void)
     /* On Strobe itself, so the sampled leaf reads "Strobe.sample". */
     rb_define_singleton_method(mStrobe, "sample", native_sample, 0);
     rb_define_singleton_method(mStrobe, "run", strobe_run, -1);
-    rb_define_singleton_method(mStrobe, "stop", native_stop, 0);
+    rb_define_singleton_method(mStrobe, "stop", strobe_stop, 0);
     rb_define_singleton_method(mStrobe, "running?", native_running_p, 0);
     rb_define_singleton_method(mNative, "define_stackprof", native_define_stackprof, 1);
     rb_define_singleton_method(mNative, "results", native_results, 0);

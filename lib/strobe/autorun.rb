@@ -9,7 +9,14 @@
 #   STROBE_MODE      wall (default), cpu, object or custom
 #   STROBE_INTERVAL  sampling interval (microseconds; allocations in object mode)
 #   STROBE_RAW       1/true to keep raw samples (0/false/empty: not)
+#   STROBE_IGNORE_GC 1/true to leave GC out of the samples
+#   STROBE_FORMAT    json (default) or sampling_prof
 #   STROBE_OUT       where the profile is written (default strobe-profile.json)
+#   STROBE_SIGNAL    a signal name (USR2, say): instead of profiling from the
+#                    start, each such signal starts or stops profiling, and
+#                    each stop writes a profile (STROBE_OUT is then a
+#                    directory, default ".", or a file name numbered from the
+#                    second stop on; see Strobe::Toggle)
 #
 # The profile is written when the program exits, after the program's own
 # at_exit handlers (this one is registered first, so it runs last). A bad
@@ -36,6 +43,8 @@ module Strobe
     # Returns true when profiling started.
     def start
       require_relative "../strobe"
+      return toggle if present("STROBE_SIGNAL")
+
       opts = options
       out = opts.fetch(:out)
       unless Strobe.start(**opts)
@@ -55,10 +64,27 @@ module Strobe
     # for a value that cannot be used.
     def options
       opts = { mode: (@env["STROBE_MODE"] || "wall").strip, raw: flag("STROBE_RAW"),
-               out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
+               ignore_gc: flag("STROBE_IGNORE_GC"), out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
       interval = present("STROBE_INTERVAL")
       opts[:interval] = integer("STROBE_INTERVAL", interval) if interval
+      format = present("STROBE_FORMAT")
+      opts[:format] = format.to_sym if format
       opts
+    end
+
+    # STROBE_SIGNAL: profiling toggled by a signal. Returns true when the
+    # toggle is in place.
+    def toggle
+      opts = options
+      out = present("STROBE_OUT")
+      opts.delete(:out)
+      signal = present("STROBE_SIGNAL")
+      Strobe.toggle_on(signal, **opts, path: out ? File.expand_path(out) : Dir.pwd)
+      @err.puts "strobe: send SIG#{signal.delete_prefix('SIG').upcase} to #{Process.pid} to start or stop profiling"
+      true
+    rescue StandardError => e
+      warn_line "not profiling: #{e.message}"
+      false
     end
 
     private

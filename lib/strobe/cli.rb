@@ -206,6 +206,7 @@ module Strobe
       stackcollapse: "Folded stacks for flamegraph.pl, inferno or speedscope (needs --raw)",
       json: "The profile as stackprof-layout JSON",
       flamegraph: "A self-contained HTML flamegraph with zoom, search and a timeline (needs --raw)",
+      sampling_prof: "SamplingProf's text format: runtime, call elements, counts, call graph (needs --raw)",
     }.freeze
 
     # stackprof's report flags, so that `stackprof FILE --FLAG` scripts work
@@ -261,7 +262,7 @@ module Strobe
     def format_options(parser, settings)
       chosen = lambda do |format, value = true|
         if settings[:format] && settings[:format] != format
-          raise UsageError, "report: one format at a time (got --#{settings[:format]} and --#{format})"
+          raise UsageError, "report: one format at a time (got --#{settings[:format].to_s.tr("_", "-")} and --#{format.to_s.tr("_", "-")})"
         end
 
         settings[:format] = format
@@ -271,7 +272,7 @@ module Strobe
         case format
         when :file then parser.on("--file PATH", description) { |path| chosen.(format, path) }
         when :method then parser.on("--method NAME", description) { |name| chosen.(format, name) }
-        else parser.on("--#{format}", description) { chosen.(format) }
+        else parser.on("--#{format.to_s.tr('_', '-')}", description) { chosen.(format) }
         end
       end
       parser.separator ""

@@ -8,7 +8,9 @@ module Strobe
   # ArgumentError naming the option, before anything is started.
   class Options
     MODES = %i[wall cpu object custom].freeze
-    KEYS = %i[mode interval raw aggregate ignore_gc metadata out threads timer].freeze
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer].freeze
+    # File formats results can write (out:, format:).
+    FORMATS = %i[json sampling_prof].freeze
     # :threads, Strobe's timer thread signalling each thread by its own
     # clock; :process, one process-wide timer (the thread it lands on).
     TIMERS = %i[threads process].freeze
@@ -18,7 +20,7 @@ module Strobe
     MAX_TIME_INTERVAL = 1_000_000
     MAX_OBJECT_INTERVAL = 2**31 - 1
 
-    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :threads, :timer
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer
 
     def initialize(opts)
       unknown = opts.keys - KEYS
@@ -34,6 +36,11 @@ module Strobe
       @ignore_gc = parse_flag(:ignore_gc, opts.fetch(:ignore_gc, false))
       @metadata = parse_metadata(opts[:metadata])
       @out = parse_out(opts[:out])
+      @format = parse_format(opts.fetch(:format, :json))
+      @on_result = opts[:on_result]
+      unless @on_result.nil? || @on_result.respond_to?(:call)
+        raise ArgumentError, "on_result must be a proc (given the result Hash), got #{@on_result.inspect}"
+      end
       @threads = parse_threads(opts.fetch(:threads, :all))
       @timer = parse_timer(opts.fetch(:timer, :threads))
     end
@@ -86,6 +93,12 @@ module Strobe
       end
 
       raise ArgumentError, "threads must be :all or an Array of Thread objects, got #{value.inspect}"
+    end
+
+    def parse_format(value)
+      return value if FORMATS.include?(value)
+
+      raise ArgumentError, "format must be #{FORMATS.map(&:inspect).join(' or ')}, got #{value.inspect}"
     end
 
     def parse_timer(value)

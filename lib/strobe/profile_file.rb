@@ -38,21 +38,31 @@ module Strobe
 
     # Writes result to target (a path, or an IO). A path is written
     # atomically: a temporary file in the same directory, then a rename.
-    def write(result, target)
-      json = JSON.generate(encode(result))
-      return write_io(target, json) if target.respond_to?(:write)
+    # format: :json (Strobe's own) or :sampling_prof (SamplingProf's text).
+    def write(result, target, format: :json)
+      unless Options::FORMATS.include?(format)
+        raise ArgumentError, "format must be #{Options::FORMATS.map(&:inspect).join(' or ')}, got #{format.inspect}"
+      end
+
+      text = format == :json ? JSON.generate(encode(result)) : render(result, format)
+      return write_io(target, text) if target.respond_to?(:write)
 
       path = target.respond_to?(:to_path) ? target.to_path : target.to_s
       tmp = "#{path}.#{Process.pid}.tmp"
       begin
         File.open(tmp, "wb") do |file|
-          path.end_with?(".gz") ? Zlib::GzipWriter.wrap(file) { |gz| gz.write(json) } : file.write(json)
+          path.end_with?(".gz") ? Zlib::GzipWriter.wrap(file) { |gz| gz.write(text) } : file.write(text)
         end
         File.rename(tmp, path)
       ensure
         File.unlink(tmp) if File.exist?(tmp)
       end
       path
+    end
+
+    def render(result, format)
+      require_relative "sampling_prof"
+      SamplingProf.write(result, StringIO.new).string if format == :sampling_prof
     end
 
     # marshal: true also loads a Marshal dump (what stackprof writes); only

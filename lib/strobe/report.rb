@@ -225,6 +225,12 @@ module Strobe
       io.write(Native.report_graphviz(@result, keep, node_fraction.to_f))
     end
 
+    # SamplingProf's text format (see Strobe::SamplingProf); needs raw data.
+    def print_sampling_prof(io = $stdout)
+      require_relative "sampling_prof"
+      SamplingProf.write(@result, io)
+    end
+
     # The callgrind format, for KCachegrind and callgrind_annotate.
     def print_callgrind(io = $stdout)
       io.write(Native.report_callgrind(@result, kept_ids))

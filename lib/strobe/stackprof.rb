@@ -103,7 +103,7 @@ module StackProf
       return false if running?
 
       options = Options.new(opts)
-      @pending.start(options.metadata, options.out) do
+      @pending.start(metadata: options.metadata, out: options.out) do
         Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
                              options.threads, :threads)
       end
@@ -119,9 +119,10 @@ module StackProf
       native = Strobe::Native.results
       return nil unless native
 
-      native[:metadata], pending_out = @pending.take
+      settings = @pending.take
+      native[:metadata] = settings[:metadata] || {}
       result = native.slice(*RESULT_KEYS)
-      target = out || pending_out
+      target = out || settings[:out]
       target ? dump(result, target) : result
     end
 

@@ -1,0 +1,201 @@
+# frozen_string_literal: true
+
+require "cgi"
+require "fileutils"
+require "stringio"
+require_relative "../strobe"
+
+module Strobe
+  # Rack middleware that profiles the requests of a running application.
+  #
+  #   use Strobe::Middleware, enabled: true, mode: :wall, path: "tmp/profiles/", save_every: 100
+  #
+  # Options:
+  #   enabled:      true, false (the default), or a proc given the Rack env
+  #                 that says whether to profile this request
+  #   mode:, interval:, raw:, metadata:
+  #                 as for Strobe.start (mode :wall, interval 1000)
+  #   path:         where profiles go: a directory (ending in "/", or one
+  #                 that exists) gets one file per save, named
+  #                 strobe-MODE-PID-TIME.json; anything else is the file
+  #                 itself (default "tmp/strobe/")
+  #   save_every:   write the profile after every N profiled requests
+  #   save_at_exit: write what was collected when the process exits
+  #   on_result:    instead of writing files, hand each saved result (a
+  #                 Hash) to this proc, on a thread of its own
+  #   permit:       a proc given the env: a request it permits that asks
+  #                 with ?strobe=1 is profiled on its own (raw, in the
+  #                 middleware's mode) and answered with its HTML flamegraph
+  #                 instead of the page
+  #
+  # Requests that overlap (threaded servers) share one profile: it starts
+  # with the first and stops when the last ends. The profile covers the
+  # application's call, not the streaming of the body afterwards.
+  #
+  # Profiling never breaks a request: when Strobe cannot start (another
+  # profile is running, the signal is taken), or saving fails, the request
+  # is served as if there were no middleware and one line goes to stderr
+  # (once per distinct problem). Bad options raise ArgumentError when the
+  # middleware is built.
+  class Middleware
+    OPTIONS = %i[enabled mode interval raw metadata path save_every save_at_exit on_result permit].freeze
+    DEFAULT_PATH = "tmp/strobe/"
+    FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
+
+    def initialize(app, **options)
+      unknown = options.keys - OPTIONS
+      raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')}" unless unknown.empty?
+
+      @app = app
+      @enabled = check_switch(:enabled, options.fetch(:enabled, false))
+      @permit = check_proc(:permit, options[:permit])
+      @on_result = check_proc(:on_result, options[:on_result])
+      @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: options.fetch(:raw, false),
+                   metadata: options.fetch(:metadata, {}) }.compact
+      Options.new(@profile) # every problem with them, now rather than per request
+      @path = options.fetch(:path, DEFAULT_PATH)
+      raise ArgumentError, "path must be a String, got #{@path.inspect}" unless @path.is_a?(String) && !@path.empty?
+
+      @save_every = options[:save_every]
+      unless @save_every.nil? || (@save_every.is_a?(Integer) && @save_every.positive?)
+        raise ArgumentError, "save_every must be a positive Integer, got #{@save_every.inspect}"
+      end
+
+      @lock = Mutex.new
+      @active = 0
+      @since_save = 0
+      @warned = {}
+      at_exit { save } if check_switch(:save_at_exit, options.fetch(:save_at_exit, false))
+    end
+
+    def call(env)
+      return flamegraph_response(env) if flamegraph_requested?(env)
+      return @app.call(env) unless enabled?(env)
+
+      started = begin_profiling
+      begin
+        @app.call(env)
+      ensure
+        end_profiling if started
+      end
+    end
+
+    # Writes the profile collected so far (or hands it to on_result).
+    # Returns the file written, the result handed over, or nil when there
+    # is nothing to save.
+    def save
+      result = @lock.synchronize { Strobe.running? ? nil : Strobe.results }
+      return nil unless result
+
+      if @on_result
+        Thread.new { @on_result.call(result) }
+        return result
+      end
+      target = target_path(result)
+      FileUtils.mkdir_p(File.dirname(target))
+      Strobe.save(result, target)
+    rescue StandardError => e
+      warn_once "could not save the profile: #{e.message}"
+      nil
+    end
+
+    private
+
+    def check_switch(name, value)
+      return value if [true, false].include?(value) || (name == :enabled && value.respond_to?(:call))
+
+      raise ArgumentError, "#{name} must be true or false#{' (or a proc of the env)' if name == :enabled}, got #{value.inspect}"
+    end
+
+    def check_proc(name, value)
+      return value if value.nil? || value.respond_to?(:call)
+
+      raise ArgumentError, "#{name} must be a proc, got #{value.inspect}"
+    end
+
+    def enabled?(env)
+      @enabled.respond_to?(:call) ? @enabled.call(env) : @enabled
+    end
+
+    def flamegraph_requested?(env)
+      @permit && env["QUERY_STRING"].to_s.match?(FLAMEGRAPH_PARAM) && @permit.call(env)
+    end
+
+    # The first of overlapping requests starts profiling. Returns whether
+    # this request takes part in a profile (and must end it).
+    def begin_profiling
+      @lock.synchronize do
+        if @active.zero?
+          unless Strobe.start(**@profile)
+            warn_once "another profile is running: requests are served without profiling"
+            return false
+          end
+        end
+        @active += 1
+      end
+      true
+    rescue StandardError => e
+      warn_once "not profiling: #{e.message}"
+      false
+    end
+
+    # The last of overlapping requests stops profiling, and saves when
+    # save_every requests have been profiled since the last save.
+    def end_profiling
+      save_now = @lock.synchronize do
+        @active -= 1
+        @since_save += 1
+        next false unless @active.zero?
+
+        Strobe.stop
+        due = @save_every && @since_save >= @save_every
+        @since_save = 0 if due
+        due
+      end
+      save if save_now
+    rescue StandardError => e
+      warn_once "profiling failed: #{e.message}"
+    end
+
+    # One request, profiled on its own, answered with its flamegraph.
+    def flamegraph_response(env)
+      result = nil
+      response = nil
+      begin
+        result = Strobe.run(**@profile.merge(raw: true)) { response = @app.call(env) }
+      rescue Strobe::Error, ArgumentError => e
+        warn_once "cannot profile this request: #{e.message}"
+        return @app.call(env)
+      end
+      response[2].close if response[2].respond_to?(:close)
+      title = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']} (Strobe)"
+      [200, { "Content-Type" => "text/html; charset=utf-8", "Cache-Control" => "no-store" }, [flamegraph_page(result, title)]]
+    end
+
+    def flamegraph_page(result, title)
+      unless result[:raw]
+        interval = result[:interval] ? " at #{result[:interval]} #{result[:mode] == :object ? 'allocations' : 'µs'}" : ""
+        return "<!DOCTYPE html><meta charset=\"utf-8\"><title>#{CGI.escapeHTML(title)}</title>" \
+               "<p>No samples were taken during this request (sampling #{result[:mode]}#{interval}): " \
+               "it was shorter than the interval.</p>"
+      end
+      html = StringIO.new
+      Report.new(result).print_flamegraph(html, title: title)
+      html.string
+    end
+
+    def target_path(result)
+      return @path unless @path.end_with?("/") || File.directory?(@path)
+
+      stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
+      File.join(@path, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}.json")
+    end
+
+    def warn_once(message)
+      return if @warned[message]
+
+      @warned[message] = true
+      warn "Strobe::Middleware: #{message}"
+    end
+  end
+end

@@ -1,0 +1,94 @@
+# frozen_string_literal: true
+
+require "fileutils"
+
+module Strobe
+  # Profiling switched on and off from outside a running process:
+  #
+  #   Strobe.toggle_on(:USR2, mode: :cpu, path: "tmp/profiles/")
+  #   # kill -USR2 <pid>   starts profiling; kill -USR2 <pid> again stops it
+  #   #                    and writes tmp/profiles/strobe-cpu-<pid>-<time>.json
+  #
+  # Options: those of Strobe.start (not out:), and path: (a directory, the
+  # default ".", gets one file per stop, named strobe-MODE-PID-TIME and the
+  # format's extension; anything else names the file, and the second and
+  # later stops write NAME-2.EXT, NAME-3.EXT, ...) or on_result: (a proc
+  # given each result, on a thread of its own, instead of a file).
+  #
+  # The work is done by the signal's trap handler, which Ruby runs on the
+  # main thread at its next safe point; a failure there is reported as one
+  # line on stderr and never raised into the program.
+  class Toggle
+    attr_reader :signal
+
+    def initialize(signal, path: ".", **options)
+      @signal = Signal.signame(Signal.list.fetch(signal.to_s.delete_prefix("SIG").upcase) do
+        raise ArgumentError, "signal #{signal.inspect} is not a signal name"
+      end)
+      if @signal == Native::SIGNAL
+        raise ArgumentError, "signal #{signal.inspect} is the one Strobe samples with: pick another (USR1, USR2, ...)"
+      end
+      raise ArgumentError, "path must be a String, got #{path.inspect}" unless path.is_a?(String) && !path.empty?
+      raise ArgumentError, "out: is not a toggle option: use path:" if options.key?(:out)
+
+      @options = options
+      @format = Options.new(options).format # every problem with the options, now
+      @path = path
+      @stops = 0
+      @previous = nil
+    end
+
+    # Traps the signal; returns self. Raises ArgumentError for a signal
+    # Ruby reserves.
+    def install
+      @previous = Signal.trap(@signal) { flip }
+      self
+    end
+
+    # Puts back the handler the signal had before install.
+    def uninstall
+      Signal.trap(@signal, @previous || "DEFAULT")
+    end
+
+    # Starts profiling, or stops it and saves the profile.
+    def flip
+      if Strobe.running?
+        Strobe.stop
+        save(Strobe.results) unless @options[:on_result]
+      else
+        Strobe.start(**@options) || warn_line("not starting: another profile is running")
+      end
+    rescue StandardError => e
+      warn_line(e.message)
+    end
+
+    private
+
+    def save(result)
+      return unless result
+
+      @stops += 1
+      target = target_path(result)
+      FileUtils.mkdir_p(File.dirname(target))
+      Strobe.save(result, target, format: @format)
+    end
+
+    def target_path(result)
+      ext = @format == :sampling_prof ? ".txt" : ".json"
+      if @path.end_with?("/") || File.directory?(@path)
+        stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
+        return File.join(@path, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}#{ext}")
+      end
+      return @path if @stops == 1
+
+      base = @path.sub(/(\.json(\.gz)?|\.txt)\z/, "")
+      "#{base}-#{@stops}#{@path.delete_prefix(base)}"
+    end
+
+    def warn_line(message)
+      $stderr.puts "strobe: on #{@signal}: #{message.to_s.lines.first.to_s.chomp}"
+    rescue StandardError
+      nil
+    end
+  end
+end

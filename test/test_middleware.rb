@@ -1,0 +1,161 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "tmpdir"
+require "rack"
+require "rack/builder"
+require "rack/lint"
+require "rack/mock"
+require "strobe/middleware"
+
+# Strobe::Middleware in a real Rack stack: Rack::Lint on both sides of it,
+# requests made with Rack::MockRequest.
+class TestMiddleware < Minitest::Test
+  def setup
+    @dir = Dir.mktmpdir("strobe-mw")
+  end
+
+  def teardown
+    Strobe.stop
+    Strobe.results
+    FileUtils.remove_entry(@dir)
+  end
+
+  def work(env)
+    n = env["QUERY_STRING"].to_s[/n=(\d+)/, 1].to_i
+    n.times { |i| i.to_s }
+    [200, { "Content-Type" => "text/plain" }, ["page #{env['PATH_INFO']}"]]
+  end
+
+  def app(**options)
+    inner = method(:work)
+    Rack::Builder.new do
+      use Rack::Lint
+      use Strobe::Middleware, **options
+      use Rack::Lint
+      run inner
+    end.to_app
+  end
+
+  def get(app, path)
+    Rack::MockRequest.new(app).get(path)
+  end
+
+  def profiles
+    Dir[File.join(@dir, "**", "*.json")].sort
+  end
+
+  def test_profiles_requests_and_saves_every_n
+    a = app(enabled: true, mode: :cpu, interval: 200, path: "#{@dir}/", save_every: 2, metadata: { app: "shop" })
+    response = get(a, "/one?n=300000")
+    assert_equal [200, "page /one"], [response.status, response.body]
+    assert_empty profiles, "nothing saved after one request"
+    get(a, "/two?n=300000")
+    assert_equal 1, profiles.size
+    assert_match(%r{/strobe-cpu-#{Process.pid}-\d{8}-\d{6}-\d{3}\.json\z}, profiles.first)
+    result = Strobe.load(profiles.first)
+    assert_operator result[:samples], :>, 0
+    assert_equal({ app: "shop" }, result[:metadata])
+    assert(result[:frames].values.any? { |f| f[:name] == "TestMiddleware#work" })
+    refute Strobe.running?, "profiling stops between requests"
+  end
+
+  def test_a_file_path_and_a_proc_deciding_per_request
+    path = File.join(@dir, "one.json")
+    a = app(enabled: ->(env) { env["PATH_INFO"].start_with?("/slow") }, path: path, save_every: 1, mode: :custom)
+    get(a, "/fast")
+    refute File.exist?(path), "requests the proc turns down are not profiled"
+    get(a, "/slow")
+    assert File.exist?(path)
+  end
+
+  def test_overlapping_requests_share_one_profile
+    saved = Queue.new
+    gate = Queue.new
+    inner = lambda do |env|
+      gate.pop if env["PATH_INFO"] == "/first"
+      [200, {}, ["ok"]]
+    end
+    mw = Strobe::Middleware.new(inner, enabled: true, save_every: 2, on_result: ->(r) { saved << r })
+    first = Thread.new { mw.call(Rack::MockRequest.env_for("/first")) }
+    sleep 0.05 until Strobe.running?
+    mw.call(Rack::MockRequest.env_for("/second"))
+    assert Strobe.running?, "the first request is still in flight"
+    gate << :go
+    first.join
+    refute Strobe.running?
+    result = saved.pop
+    assert_kind_of Hash, result
+    assert_equal :wall, result[:mode]
+  end
+
+  def test_on_result_instead_of_files
+    results = Queue.new
+    a = app(enabled: true, mode: :custom, save_every: 1, on_result: ->(r) { results << [Thread.current, r] })
+    get(a, "/")
+    thread, result = results.pop
+    refute_equal Thread.current, thread, "called off the request's thread"
+    assert_equal :custom, result[:mode]
+    assert_empty profiles
+  end
+
+  # A permitted request asking with ?strobe=1 gets its own flamegraph.
+  def test_flamegraph_of_one_request
+    a = app(permit: ->(env) { env["HTTP_X_ADMIN"] == "yes" }, mode: :cpu, interval: 100)
+    plain = Rack::MockRequest.new(a).get("/page?n=300000&strobe=1")
+    assert_equal "page /page", plain.body, "not permitted: the page itself"
+    flame = Rack::MockRequest.new(a).get("/page?n=300000&strobe=1", "HTTP_X_ADMIN" => "yes")
+    assert_equal 200, flame.status
+    assert_equal "text/html; charset=utf-8", flame["Content-Type"]
+    assert_includes flame.body, "<canvas"
+    assert_includes flame.body, "TestMiddleware#work"
+    assert_includes flame.body, "GET /page (Strobe)"
+    short = Rack::MockRequest.new(a).get("/page?strobe=1", "HTTP_X_ADMIN" => "yes")
+    assert_match(/No samples were taken during this request/, short.body)
+  end
+
+  # When Strobe cannot profile, the request is served as usual.
+  def test_requests_are_served_when_profiling_fails
+    Strobe.start(mode: :custom) # someone else's profile
+    a = app(enabled: true, path: "#{@dir}/", save_every: 1, permit: ->(_) { true })
+    _, err = capture_io do
+      assert_equal "page /busy", get(a, "/busy").body
+      assert_equal "page /busy", get(a, "/busy?strobe=1").body
+      assert_equal "page /again", get(a, "/again").body
+    end
+    assert_equal 2, err.lines.size, "one line per distinct problem: #{err}"
+    assert_match(/another profile is running/, err)
+    assert_match(/cannot profile this request/, err)
+    Strobe.stop
+    Strobe.results
+    File.write(File.join(@dir, "a_file"), "") # so that the directory cannot be made
+    b = app(enabled: true, path: "#{@dir}/a_file/sub/", save_every: 1, mode: :custom)
+    _, err = capture_io { assert_equal "page /x", get(b, "/x").body }
+    assert_match(/could not save the profile/, err)
+  end
+
+  def test_bad_options_are_refused_when_built
+    inner = ->(_) { [200, {}, []] }
+    { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_at_exit: "no",
+      on_result: 3, permit: :yes, metadata: [] }.each do |option, value|
+      error = assert_raises(ArgumentError, option.to_s) { Strobe::Middleware.new(inner, option => value) }
+      assert_match(/#{option}/, error.message)
+    end
+    assert_raises(ArgumentError) { Strobe::Middleware.new(inner, sample_rate: 1) }.then do |e|
+      assert_match(/unknown option: :sample_rate/, e.message)
+    end
+  end
+
+  def test_save_at_exit_in_a_child_process
+    code = <<~RUBY
+      require "strobe/middleware"
+      mw = Strobe::Middleware.new(->(_) { 200_000.times(&:to_s); [200, {}, ["ok"]] },
+                                  enabled: true, mode: :cpu, save_at_exit: true, path: #{"#{@dir}/".inspect})
+      mw.call({})
+    RUBY
+    _, err, status = run_ruby(code)
+    assert status.success?, err
+    assert_equal 1, profiles.size
+    assert_operator Strobe.load(profiles.first)[:samples], :>, 0
+  end
+end

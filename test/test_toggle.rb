@@ -1,0 +1,152 @@
+# frozen_string_literal: true
+
+require "test_helper"
+require "tmpdir"
+require "strobe/sampling_prof"
+
+# Profiling toggled by a signal (Strobe.toggle_on, STROBE_SIGNAL), the
+# on_result: callback, and the SamplingProf format.
+class TestToggle < Minitest::Test
+  def setup
+    @dir = Dir.mktmpdir("strobe-toggle")
+  end
+
+  def teardown
+    Strobe.toggle_off
+    Strobe.stop
+    Strobe.results
+    FileUtils.remove_entry(@dir)
+  end
+
+  def signal(name = :USR2)
+    Process.kill(name, Process.pid)
+    # The trap handler runs on this thread at its next safe point.
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+    yield_until = ->(before) { Strobe.running? != before || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline }
+    before = Strobe.running?
+    sleep 0.01 until yield_until.call(before)
+  end
+
+  def test_each_signal_starts_or_stops_and_each_stop_writes_a_file
+    Strobe.toggle_on(:USR2, mode: :custom, path: File.join(@dir, "p.json"))
+    refute Strobe.running?
+    signal
+    assert Strobe.running?
+    2.times { Strobe.sample }
+    signal
+    refute Strobe.running?
+    signal
+    Strobe.sample
+    signal
+    assert_equal %w[p-2.json p.json], Dir.children(@dir).sort
+    assert_equal 2, Strobe.load(File.join(@dir, "p.json"))[:samples]
+    assert_equal 1, Strobe.load(File.join(@dir, "p-2.json"))[:samples]
+    assert Strobe.toggle_off
+    refute Strobe.toggle_off
+    assert_equal "DEFAULT", Signal.trap(:USR2, "DEFAULT"), "the signal's previous handler is back"
+  end
+
+  def test_a_directory_gets_files_named_by_mode_pid_and_time
+    Strobe.toggle_on("SIGUSR1", mode: :custom, raw: true, format: :sampling_prof, path: "#{@dir}/")
+    signal(:USR1)
+    Strobe.sample
+    signal(:USR1)
+    names = Dir.children(@dir)
+    assert_equal 1, names.size
+    assert_match(/\Astrobe-custom-#{Process.pid}-\d{8}-\d{6}-\d{3}\.txt\z/, names.first)
+    chunks = File.read(File.join(@dir, names.first)).split("\n\n")
+    assert_equal 4, chunks.size
+  end
+
+  def test_on_result_gets_each_result_off_the_profiled_thread
+    results = Queue.new
+    Strobe.toggle_on(:USR2, mode: :custom, on_result: ->(r) { results << [Thread.current, r[:samples]] })
+    signal
+    3.times { Strobe.sample }
+    signal
+    thread, samples = results.pop
+    refute_equal Thread.current, thread
+    assert_equal 3, samples
+    assert_empty Dir.children(@dir)
+  end
+
+  def test_bad_toggles
+    assert_raises(ArgumentError) { Strobe.toggle_on(:NOPE) }.then { |e| assert_match(/not a signal name/, e.message) }
+    assert_raises(ArgumentError) { Strobe.toggle_on(:URG) }.then { |e| assert_match(/the one Strobe samples with/, e.message) }
+    assert_raises(ArgumentError) { Strobe.toggle_on(:USR2, mode: :fast) }.then { |e| assert_match(/mode/, e.message) }
+    assert_raises(ArgumentError) { Strobe.toggle_on(:USR2, out: "x") }.then { |e| assert_match(/use path:/, e.message) }
+    assert_raises(ArgumentError) { Strobe.toggle_on(:USR2, path: 3) }
+    refute Strobe.toggle_off, "nothing was installed"
+  end
+
+  # The issue's acceptance: a running program, signalled twice from
+  # outside, leaves one valid profile.
+  def test_signal_a_running_program_twice
+    stop_file = File.join(@dir, "stop")
+    code = <<~RUBY
+      def busy = 2_000.times { |i| i.to_s }
+      busy until File.exist?(#{stop_file.inspect})
+    RUBY
+    env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_SIGNAL" => "USR2", "STROBE_MODE" => "cpu",
+            "STROBE_OUT" => "#{@dir}/profiles/" }
+    FileUtils.mkdir_p("#{@dir}/profiles")
+    Open3.popen3(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code) do |stdin, _out, err, wait|
+      stdin.close
+      assert_match(/send SIGUSR2 to #{wait.pid} to start or stop profiling/, err.gets)
+      Process.kill(:USR2, wait.pid)
+      sleep 0.3
+      Process.kill(:USR2, wait.pid)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+      sleep 0.05 until Dir.children("#{@dir}/profiles").any? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      File.write(stop_file, "")
+      assert wait.value.success?, err.read
+    end
+    files = Dir["#{@dir}/profiles/*"]
+    assert_equal 1, files.size
+    result = Strobe.load(files.first)
+    assert_equal :cpu, result[:mode]
+    assert_operator result[:samples], :>, 0
+    assert(result[:frames].values.any? { |f| f[:name] == "Object#busy" })
+  end
+
+  def test_on_result_and_format_options
+    results = Queue.new
+    Strobe.start(mode: :custom, on_result: ->(r) { results << r })
+    Strobe.sample
+    assert Strobe.stop
+    assert_equal 1, results.pop[:samples]
+    assert_nil Strobe.results, "the result went to on_result"
+    io = StringIO.new
+    Strobe.run(mode: :custom, raw: true, out: io, format: :sampling_prof) { Strobe.sample }
+    assert_equal 4, io.string.split("\n\n").size
+    assert_raises(ArgumentError) { Strobe.start(format: :yaml) }.then { |e| assert_match(/format/, e.message) }
+    assert_raises(ArgumentError) { Strobe.start(on_result: 5) }.then { |e| assert_match(/on_result/, e.message) }
+  end
+
+  def descend(n, &block) = n.zero? ? yield : descend(n - 1, &block)
+
+  # The four chunks, from a profile whose counts are known: 3 samples under
+  # a three-deep recursion, 1 outside it.
+  def test_sampling_prof_format
+    result = Strobe.run(mode: :custom, raw: true) do
+      3.times { descend(2) { Strobe.sample } }
+      Strobe.sample
+    end
+    io = StringIO.new
+    Strobe::SamplingProf.write(result, io)
+    runtime, map, counts, graph = io.string.split("\n\n")
+    stamps = result[:raw_sample_timestamps]
+    assert_equal ((stamps.last - stamps.first) / 1000).to_s, runtime
+    id_of = map.lines.to_h { |line| element, id = line.chomp.rpartition(",").values_at(0, 2); [element, id.to_i] }
+    by_name = ->(name) { id_of.select { |element, _| element.end_with?(":#{name}") }.values }
+    counts = counts.lines.to_h { |line| id, self_count, total = line.split(",").map(&:to_i); [id, [self_count, total]] }
+    assert_equal 4, counts.values.sum(&:first), "self counts add up to the samples"
+    sample_ids = by_name.call("Strobe.sample")
+    assert_equal [[4, 4]], sample_ids.map { |id| counts[id] }
+    descend_ids = by_name.call("TestToggle#descend")
+    assert_equal [[0, 3]], descend_ids.map { |id| counts[id] }, "one line of code, total once per sample"
+    edges = graph.lines.map { |line| line.split(",").map(&:to_i) }
+    assert_includes edges, [descend_ids.first, descend_ids.first, 3], "direct recursion is id,id"
+    assert_raises(ArgumentError) { Strobe::SamplingProf.write(result.except(:raw), StringIO.new) }
+  end
+end
