@@ -48,7 +48,7 @@ module Strobe
                    on_result: options.on_result || @pending[:on_result] }
       @pending.start(settings) do
         Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                     options.threads_list, options.timer)
+                     options.threads_list, options.native_timer)
       end
     end
 

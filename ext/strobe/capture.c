@@ -98,10 +98,10 @@ strobe_capture_drained(int64_t seq)
 }
 
 int
-strobe_capture(strobe_thread_t *t, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged)
+strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged)
 {
     if (gc_kind == STROBE_FRAME_RUBY) {
-        int depth = strobe_read_frames(t->scratch_frames, t->scratch_lines);
+        int depth = strobe_read_frames(thread, t->scratch_frames, t->scratch_lines);
         t->scratch_depth = depth < 0 ? 0 : depth;
     } else {
         t->scratch_depth = 0;

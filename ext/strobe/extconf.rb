@@ -25,6 +25,10 @@ have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
 # thread holds the GVL. With YJIT before Ruby 3.3 the handler must not read a
 # GVL holder's frames (sampler.c); a thread without the GVL is safe to read.
 have_func("ruby_thread_has_gvl_p")
+# Ruby 3.2+: another thread's frames, read with the GVL held; the signal-free
+# scheduler (scheduler: :thread) then samples every profiled thread, not just
+# the one holding the GVL.
+have_func("rb_profile_thread_frames", "ruby/debug.h")
 
 
 create_makefile("strobe/strobe")

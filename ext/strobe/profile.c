@@ -93,6 +93,7 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->prev_depth = 0;
         p->raw = 0;
         p->process_timer = 0;
+        p->safepoint_timer = 0;
         p->track_states = 0;
         p->active = 1;
     }

@@ -324,8 +324,19 @@ strobe_results_build(void)
         rb_ary_push(thread_ids, id);
     }
     rb_hash_aset(result, strobe_sym("threads"), threads);
-    if (p->mode == STROBE_MODE_WALL || p->mode == STROBE_MODE_CPU)
-        rb_hash_aset(result, strobe_sym("timer"), strobe_sym(p->process_timer ? "process" : "threads"));
+    if (p->mode == STROBE_MODE_WALL || p->mode == STROBE_MODE_CPU) {
+        rb_hash_aset(result, strobe_sym("timer"),
+                     strobe_sym(p->safepoint_timer ? "safepoints" : p->process_timer ? "process" : "threads"));
+        /* What the signal-free scheduler could sample: every profiled
+         * thread where Ruby reads other threads' frames (3.2+), else only
+         * threads holding the GVL when a sample was due, and ones whose
+         * stack stayed the same (repeated by the timer). */
+#ifdef HAVE_RB_PROFILE_THREAD_FRAMES
+        if (p->safepoint_timer) rb_hash_aset(result, strobe_sym("safepoint_reach"), strobe_sym("all_threads"));
+#else
+        if (p->safepoint_timer) rb_hash_aset(result, strobe_sym("safepoint_reach"), strobe_sym("running_thread"));
+#endif
+    }
     uint64_t unsampled = strobe_sampler_unsampled_threads();
     if (unsampled) rb_hash_aset(result, strobe_sym("unsampled_threads"), ULL2NUM(unsampled));
 

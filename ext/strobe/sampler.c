@@ -103,6 +103,7 @@ static struct {
     rb_postponed_job_handle_t sample_job;
 #endif
     int defer_running;       /* this round: GVL holders sample at safe points (YJIT) */
+    int safepoint_timer;     /* this round: no signals; the timer asks for samples at safe points */
 
     /* STROBE_SIGNAL disposition before our first start */
     struct sigaction old_action;
@@ -325,9 +326,10 @@ sample_kind_now(void)
     return strobe_profile.ignore_gc ? -1 : gc_kind_now();
 }
 
-/* Takes one sample on the calling thread. Returns 1 if captured. */
+/* Takes one sample of thread t: the calling thread (thread Qfalse), or,
+ * with the GVL held, another (its Ruby Thread). Returns 1 if captured. */
 static int
-sample_thread(strobe_thread_t *t, int *unchanged)
+sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged)
 {
     /* The GC count before the during-GC flag: Ruby raises the flag before
      * it counts a GC, so with the flag clear afterwards every GC in the
@@ -337,22 +339,25 @@ sample_thread(strobe_thread_t *t, int *unchanged)
     atomic_thread_fence(memory_order_acquire);
     int gc_kind = sample_kind_now();
     if (gc_kind < 0) return -1;
-    return strobe_capture(t, gc_kind, gc_epoch, strobe_now_us(), unchanged);
+    return strobe_capture(t, thread, gc_kind, gc_epoch, strobe_now_us(), unchanged);
 }
 
-/* One time-mode sample of thread t, the calling thread, whose in_handler
- * guard the caller holds: from the handler, or from sample_job. */
+/* One time-mode sample of thread t, whose in_handler guard the caller
+ * holds: the calling thread (thread Qfalse; from the handler or
+ * sample_job), or another thread read with the GVL held (its Ruby Thread;
+ * from sample_job, Ruby 3.2+). */
 static void
-take_sample(strobe_thread_t *t)
+take_sample(strobe_thread_t *t, VALUE thread)
 {
     if (S.mode == STROBE_MODE_WALL) {
         /* The same stack twice: the thread is likely blocked. Its CPU time
          * now lets the timer see whether it ran since (see timer_main). */
         int unchanged = 0;
-        int r = sample_thread(t, &unchanged);
+        int r = sample_thread(t, thread, &unchanged);
         if (r == 0) strobe_profile_add_missed(1);
-        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) : -1);
-    } else if (sample_thread(t, NULL) == 0) {
+        clockid_t clock = RTEST(thread) ? t->cpu_clock : CLOCK_THREAD_CPUTIME_ID;
+        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(clock) : -1);
+    } else if (sample_thread(t, thread, NULL) == 0) {
         strobe_profile_add_missed(1);
     }
 }
@@ -380,18 +385,42 @@ may_run_jit_code(const strobe_thread_t *t)
     return strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) - t->handler_cpu_ns > STROBE_IDLE_CPU_NS;
 }
 
-/* Postponed job (defer_running): GVL held, at a safe point of the thread
- * that triggered it, where its frames are consistent even under YJIT. */
+/* Takes the sample thread t is owed, if it is owed one (sample_job). */
+static void
+serve_owed(strobe_thread_t *t, VALUE thread)
+{
+    if (!atomic_exchange(&t->deferred, 0)) return;
+    if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); return; }
+    take_sample(t, thread);
+    if (S.safepoint_timer && S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+    atomic_store(&t->in_handler, 0);
+}
+
+/* Postponed job: GVL held, at a safe point of the thread running it, where
+ * its frames are consistent (even under YJIT). Owed samples come from the
+ * handler (defer_running) or, without signals, from the timer thread
+ * (safepoint_timer): the running thread's is taken here, and where Ruby
+ * can read another thread's frames (3.2+), every other profiled thread's
+ * too; they are stopped at a safe point or blocked in C, the GVL being
+ * held here. Without it they wait for a job on their own thread. */
 static void
 sample_job(void *unused)
 {
     (void)unused;
     if (!atomic_load(&S.running)) return;
-    strobe_thread_t *t = strobe_threads_self();
-    if (!t || !atomic_exchange(&t->deferred, 0)) return;
-    if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); return; }
-    take_sample(t);
-    atomic_store(&t->in_handler, 0);
+    strobe_thread_t *self = strobe_threads_self();
+    if (self) serve_owed(self, Qfalse);
+#ifdef HAVE_RB_PROFILE_THREAD_FRAMES
+    if (S.safepoint_timer) {
+        strobe_threads_lock();
+        for (int i = 0, n = strobe_threads_len(); i < n; i++) {
+            strobe_thread_t *t = strobe_threads_at(i);
+            if (t == self || atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
+            if (RTEST(t->thread)) serve_owed(t, t->thread);
+        }
+        strobe_threads_unlock();
+    }
+#endif
     if (S.process_timer) strobe_profile_locked(drain, NULL);
 }
 
@@ -426,7 +455,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         atomic_store(&t->idle_cpu_ns, -1); /* it is running */
         trigger_sample_job();
     } else {
-        take_sample(t);
+        take_sample(t, Qfalse);
         if (S.process_timer) trigger_drain();
     }
     if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
@@ -470,6 +499,21 @@ send_signal(const strobe_thread_t *t)
     syscall(SYS_tgkill, (long)getpid(), (long)t->tid, (long)STROBE_SIGNAL);
 }
 
+/* The timer thread's request for a sample of thread t: a signal, or
+ * without signals (safepoint_timer) a sample owed at the next safe point,
+ * for the postponed job the tick triggers. Returns whether a job is
+ * needed. A sample still owed from the tick before is lost (missed). */
+static int
+ask_for_sample(strobe_thread_t *t)
+{
+    if (!S.safepoint_timer) {
+        send_signal(t);
+        return 0;
+    }
+    if (atomic_exchange(&t->deferred, 1)) strobe_profile_add_missed(1);
+    return 1;
+}
+
 static void *
 timer_main(void *arg)
 {
@@ -503,7 +547,7 @@ timer_main(void *arg)
         strobe_profile_locked(drain, NULL);
         if (++ticks % reclaim_every == 0) strobe_threads_reclaim();
 
-        int n = strobe_threads_len(), live = 0, idle_len = 0;
+        int n = strobe_threads_len(), live = 0, idle_len = 0, job = 0;
         int64_t now_us = strobe_now_us();
         for (int i = 0; i < n; i++) {
             strobe_thread_t *t = strobe_threads_at(i);
@@ -539,7 +583,7 @@ timer_main(void *arg)
                 t->sent = handled + 1;
                 t->pending_ticks = 0;
             }
-            send_signal(t);
+            job |= ask_for_sample(t);
         }
         if (idle_len) {
             struct repeats r = { idle_threads, idle_len, 0, 0, now_us };
@@ -551,10 +595,13 @@ timer_main(void *arg)
                 strobe_thread_t *t = r.threads[i];
                 t->sent = atomic_load(&t->handled) + 1;
                 t->pending_ticks = 0;
-                send_signal(t);
+                job |= ask_for_sample(t);
             }
         }
         strobe_threads_unlock();
+        /* From this thread, which is no Ruby thread: Ruby delivers the job
+         * to the thread that holds (or last held) the GVL. */
+        if (job) trigger_sample_job();
         /* Late by more than an interval (machine busy): do not burst, but
          * in wall mode every tick skipped is a sample owed, so count it as
          * missed rather than let the rate drop silently. (In CPU mode the
@@ -705,7 +752,7 @@ jit_frames_unsafe(void)
 }
 
 const char *
-strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_timer)
+strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer)
 {
     if (atomic_load(&S.running)) return "already running";
 
@@ -719,7 +766,21 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_
         S.thread_hook = rb_tracepoint_new(Qnil, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, thread_hook, NULL);
 
     S.track_states = 0;
-    if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
+    if ((mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) && timer == STROBE_TIMER_SAFEPOINTS) {
+        /* No signal handler at all: the timer thread owes samples to the
+         * threads and a postponed job takes them at safe points. */
+        gvl_states_start();
+        register_running_threads();
+        atomic_store(&S.running, 1);
+        S.safepoint_timer = 1; /* before the timer thread reads it */
+        if (timer_start() != 0) {
+            atomic_store(&S.running, 0);
+            S.safepoint_timer = 0;
+            gvl_states_stop();
+            return "cannot start the sampling thread (scheduler: :thread needs one)";
+        }
+        strobe_profile.safepoint_timer = 1;
+    } else if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
         const char *err = install_handler();
         if (err) return err;
         gvl_states_start();
@@ -727,6 +788,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_
         atomic_store(&S.running, 1);
         /* No timer thread (out of threads, say): the process-wide timer.
          * Set before any signal can arrive; the handler reads it. */
+        int process_timer = timer == STROBE_TIMER_PROCESS;
         S.process_timer = process_timer;
         if (!process_timer && timer_start() != 0) S.process_timer = 1;
         if (S.process_timer && process_timer_start() != 0) {
@@ -759,6 +821,7 @@ strobe_sampler_stop(void)
         timer_stop();
         process_timer_stop();
         S.process_timer = 0;
+        S.safepoint_timer = 0;
         gvl_states_stop();
         uninstall_handler();
     } else if (S.mode == STROBE_MODE_OBJECT) {
@@ -823,7 +886,7 @@ strobe_sampler_sample_now(void)
     if (gc_kind < 0) {
         taken = -1;
     } else if (gc_kind == STROBE_FRAME_RUBY) {
-        depth = strobe_read_frames(t->scratch_frames, t->scratch_lines);
+        depth = strobe_read_frames(Qfalse, t->scratch_frames, t->scratch_lines);
         if (depth <= 0) taken = 0; /* no Ruby frame to attribute it to */
     }
     if (taken == 1) {

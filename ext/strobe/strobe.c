@@ -92,7 +92,10 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     }
     int fresh = !strobe_profile.active;
     strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
-    const char *err = strobe_sampler_start(m, iv, threads, timer == strobe_sym("process"));
+    strobe_timer_t t = timer == strobe_sym("process")      ? STROBE_TIMER_PROCESS
+                     : timer == strobe_sym("safepoints") ? STROBE_TIMER_SAFEPOINTS
+                                                         : STROBE_TIMER_THREADS;
+    const char *err = strobe_sampler_start(m, iv, threads, t);
     if (err) {
         if (fresh) strobe_profile_clear();
         rb_raise(eStrobeError, "cannot start profiling: %s", err);

@@ -75,11 +75,19 @@ enum {
 
 /* rb_profile_frames into a STROBE_STACK_CAPA buffer, the outermost entry
  * replaced by the "(truncated)" placeholder when the stack filled it.
- * Async-signal-safe as rb_profile_frames is. */
+ * Async-signal-safe as rb_profile_frames is, for thread Qfalse (the calling
+ * thread); another Thread's frames (Ruby 3.2+) only with the GVL held. */
 static inline int
-strobe_read_frames(VALUE *frames, int *lines)
+strobe_read_frames(VALUE thread, VALUE *frames, int *lines)
 {
+#ifdef HAVE_RB_PROFILE_THREAD_FRAMES
+    /* Another thread's (GVL held; never from a signal handler). */
+    int depth = RTEST(thread) ? rb_profile_thread_frames(thread, 0, STROBE_STACK_CAPA, frames, lines)
+                              : rb_profile_frames(0, STROBE_STACK_CAPA, frames, lines);
+#else
+    (void)thread;
     int depth = rb_profile_frames(0, STROBE_STACK_CAPA, frames, lines);
+#endif
     if (depth == STROBE_STACK_CAPA) {
         frames[depth - 1] = STROBE_TRUNCATED_VALUE;
         lines[depth - 1] = 0;
@@ -145,7 +153,9 @@ void strobe_capture_reset(void);
  * found false. Returns 1 when the sample was taken, 0 when missed. With
  * unchanged non-NULL, sets it to whether this Ruby stack equals the thread's
  * previous capture. */
-int strobe_capture(strobe_thread_t *t, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged);
+/* thread: Qfalse to read the calling thread's frames (signal-safe), or the
+ * Ruby Thread of t (GVL held, Ruby 3.2+: the safepoint scheduler). */
+int strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged);
 /* Whether the slot of sequence seq has been drained (any thread). */
 int strobe_capture_drained(int64_t seq);
 /* GVL held: hand every completed slot to fn, oldest first. */
@@ -297,6 +307,7 @@ typedef struct {
     long interval;           /* microseconds or allocations; 0 for custom */
     int raw, aggregate, ignore_gc;
     int process_timer;       /* some round sampled by the process-wide timer */
+    int safepoint_timer;     /* some round sampled at safe points, without signals */
     int track_states;        /* samples carry GVL states (Ruby 3.2+, time modes) */
     strobe_stack_table_t table;
     uint64_t *node_self;     /* samples whose leaf is this node */
@@ -348,10 +359,13 @@ size_t strobe_profile_memsize(void);
 
 void strobe_sampler_init(void);
 /* Returns NULL on success, or a message for ArgumentError/RuntimeError. */
-/* only: an Array of the Threads to profile, or Qnil for every thread.
- * process_timer: use one process-wide timer instead of signalling each
- * thread (also the fallback when the timer thread cannot start). */
-const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, int process_timer);
+/* Who triggers time-mode samples: the timer thread signalling each thread;
+ * one process-wide POSIX timer (also the fallback when the timer thread
+ * cannot start); or the timer thread asking for samples at safe points,
+ * with no signal at all (scheduler: :thread). */
+typedef enum { STROBE_TIMER_THREADS, STROBE_TIMER_PROCESS, STROBE_TIMER_SAFEPOINTS } strobe_timer_t;
+/* only: an Array of the Threads to profile, or Qnil for every thread. */
+const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer);
 void strobe_sampler_stop(void);
 int strobe_sampler_running(void);
 /* Profiled threads not sampled because STROBE_MAX_THREADS were running. */

@@ -8,19 +8,22 @@ module Strobe
   # ArgumentError naming the option, before anything is started.
   class Options
     MODES = %i[wall cpu object custom].freeze
-    KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer].freeze
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer scheduler].freeze
     # File formats results can write (out:, format:).
     FORMATS = %i[json sampling_prof].freeze
     # :threads, Strobe's timer thread signalling each thread by its own
     # clock; :process, one process-wide timer (the thread it lands on).
     TIMERS = %i[threads process].freeze
+    # :signals, samples taken by timer signals (timer: says which); :thread,
+    # no signals at all: Strobe's thread asks for samples at safe points.
+    SCHEDULERS = %i[signals thread].freeze
     DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1, custom: nil }.freeze
     # Time modes: microseconds in [MIN_TIME_INTERVAL, MAX_TIME_INTERVAL].
     MIN_TIME_INTERVAL = 1
     MAX_TIME_INTERVAL = 1_000_000
     MAX_OBJECT_INTERVAL = 2**31 - 1
 
-    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer, :scheduler
 
     def initialize(opts)
       unknown = opts.keys - KEYS
@@ -43,6 +46,18 @@ module Strobe
       end
       @threads = parse_threads(opts.fetch(:threads, :all))
       @timer = parse_timer(opts.fetch(:timer, :threads))
+      @scheduler = opts.fetch(:scheduler, :signals)
+      unless SCHEDULERS.include?(@scheduler)
+        raise ArgumentError, "scheduler must be #{SCHEDULERS.map(&:inspect).join(' or ')}, got #{@scheduler.inspect}"
+      end
+      if @scheduler == :thread && opts.key?(:timer)
+        raise ArgumentError, "scheduler: :thread uses no timer signal: leave out timer: #{@timer.inspect}"
+      end
+    end
+
+    # What Native.start is told: :threads, :process or :safepoints.
+    def native_timer
+      @scheduler == :thread ? :safepoints : @timer
     end
 
     # nil for every thread (:all), or the Array of Threads to profile.
