@@ -353,4 +353,43 @@ class TestThreads < Minitest::Test
     RUBY
     assert_ruby_prints "ok\n", code
   end
+
+  # scheduler: :thread takes samples without any signal: at safe points,
+  # asked for by Strobe's thread. A program that owns SIGURG can use it.
+  def test_signal_free_scheduler
+    skip_statistics_under_valgrind
+    previous = trap(Strobe::Native::SIGNAL) {}
+    result = Strobe.run(mode: :cpu, interval: 1000, scheduler: :thread, raw: true) { spin(0.2) }
+    assert_equal :safepoints, result[:timer]
+    assert_equal Strobe::Native::THREAD_FRAMES ? :all_threads : :running_thread, result[:safepoint_reach]
+    assert_operator result[:samples], :>, 50
+    assert_operator frames_by_name(result).dig("TestThreads#spin", :total_samples), :>, 50
+    assert_equal 0, Strobe::Native.thread_registry[:signals], "no signal was sent"
+  ensure
+    trap(Strobe::Native::SIGNAL, previous || "SYSTEM_DEFAULT")
+  end
+
+  # A sleeping thread: read from the running one where Ruby can (3.2+),
+  # else reported as missed, not silently absent.
+  def test_signal_free_scheduler_and_a_blocked_thread
+    skip_statistics_under_valgrind
+    result = Strobe.run(mode: :wall, interval: 1000, scheduler: :thread) do
+      run_workers([0.3]) { |s| nap(s) }
+    end
+    worker = result[:threads].values.find { |t| t[:name] == "worker0" }
+    if Strobe::Native::THREAD_FRAMES
+      assert_operator worker[:samples], :>, 100
+    else
+      # Ruby 3.1 cannot read a blocked thread's frames: only its moments
+      # holding the GVL at a tick are sampled.
+      assert_operator worker ? worker[:samples] : 0, :<, 10
+      assert_operator result[:missed_samples], :>, 100, "its samples are counted missed"
+    end
+  end
+
+  def test_bad_scheduler_option
+    assert_raises(ArgumentError) { Strobe.start(scheduler: :fibers) }.then { |e| assert_match(/scheduler/, e.message) }
+    assert_raises(ArgumentError) { Strobe.start(scheduler: :thread, timer: :process) }.then { |e| assert_match(/timer/, e.message) }
+    refute Strobe.running?
+  end
 end

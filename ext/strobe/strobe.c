@@ -277,6 +277,13 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */
     rb_define_const(mNative, "SIGNAL", rb_str_new_cstr(STROBE_SIGNAL_TRAP));
+    /* Whether scheduler: :thread can read threads other than the running
+     * one (Ruby 3.2+'s rb_profile_thread_frames). */
+#ifdef HAVE_RB_PROFILE_THREAD_FRAMES
+    rb_define_const(mNative, "THREAD_FRAMES", Qtrue);
+#else
+    rb_define_const(mNative, "THREAD_FRAMES", Qfalse);
+#endif
     /* Whether time-mode samples carry GVL states (Ruby 3.2+'s GVL events). */
 #ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
     rb_define_const(mNative, "GVL_STATES", Qtrue);
