@@ -89,6 +89,20 @@ module StressScenarios
         save!
       RUBY
     end,
+    each_mode("signal_free_scheduler") do |mode|
+      { code: <<~RUBY }
+        trap(Strobe::Native::SIGNAL) {} # the program owns the signal: no matter without signals
+        Strobe.start(mode: :#{mode}, interval: 100, scheduler: :thread, raw: true)
+        workers = 4.times.map { |i| Thread.new { i.even? ? churn(0.3) : sleep(0.3) } }
+        churn(0.1)
+        GC.compact
+        churn(0.1)
+        workers.each(&:join)
+        Strobe.stop
+        raise "signals were sent" unless Strobe::Native.thread_registry[:signals].zero?
+        save!
+      RUBY
+    end,
     "daemon" => { code: <<~RUBY },
       Strobe.start(mode: :wall, interval: 100, raw: true)
       churn(0.05)
