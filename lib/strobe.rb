@@ -56,13 +56,9 @@ module Strobe
     # running or when nothing was started. With out (a path or an IO), or the
     # out: given to start, writes the profile there and returns the path/IO.
     def results(out = nil)
-      return nil if running?
-
-      result = Native.results
+      result, settings = collect
       return nil unless result
 
-      settings = @pending.take
-      result[:metadata] = settings[:metadata] || {}
       target = out || settings[:out]
       return result unless target
 
@@ -108,13 +104,29 @@ module Strobe
     private
 
     # Called by Strobe.stop (C) once sampling has stopped: an on_result:
-    # proc gets the result, on a thread of its own.
+    # proc gets the result Hash, on a thread of its own (after out:, if
+    # given too, was written).
     def stopped
-      on_result = @pending[:on_result]
-      return unless on_result
+      return unless @pending[:on_result]
 
-      result = results
-      Thread.new { on_result.call(result) } if result
+      result, settings = collect
+      return unless result
+
+      ProfileFile.write(result, settings[:out], format: settings[:format] || :json) if settings[:out]
+      Thread.new { settings[:on_result].call(result) }
+    end
+
+    # [the result with its metadata, the settings start was given], taking
+    # both; nil while running or when nothing was profiled.
+    def collect
+      return nil if running?
+
+      result = Native.results
+      return nil unless result
+
+      settings = @pending.take
+      result[:metadata] = settings[:metadata] || {}
+      [result, settings]
     end
   end
 end

@@ -134,6 +134,17 @@ class TestMiddleware < Minitest::Test
     assert_match(/could not save the profile/, err)
   end
 
+  # The application's own errors during a ?strobe=1 request are its own:
+  # raised once, not taken for a profiling failure and retried.
+  def test_an_application_error_in_a_flamegraph_request_is_raised_once
+    calls = 0
+    inner = ->(_env) { calls += 1; raise ArgumentError, "bad input" }
+    mw = Strobe::Middleware.new(inner, permit: ->(_) { true }, mode: :custom)
+    error = assert_raises(ArgumentError) { mw.call(Rack::MockRequest.env_for("/?strobe=1")) }
+    assert_equal ["bad input", 1], [error.message, calls]
+    refute Strobe.running?
+  end
+
   def test_bad_options_are_refused_when_built
     inner = ->(_) { [200, {}, []] }
     { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_at_exit: "no",

@@ -390,6 +390,43 @@ class TestThreads < Minitest::Test
     end
   end
 
+  # A thread the job missed is asked for again at the next tick: a short
+  # thread that held the GVL at a tick no longer costs the running thread
+  # 100 ticks of samples (Ruby 3.1, where only the GVL holder is read).
+  def test_signal_free_scheduler_asks_again_for_a_sample_the_job_missed
+    skip_statistics_under_valgrind
+    # In a process of its own: this one has minitest's threads blocked,
+    # which Ruby 3.1 cannot read (their samples are missed by design).
+    code = <<~RUBY
+      require "strobe"
+      def spin(s) = (t = Process.clock_gettime(Process::CLOCK_MONOTONIC); 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < s)
+      r = Strobe.run(mode: :wall, interval: 1000, scheduler: :thread) do
+        Thread.new { spin(0.005) }
+        spin(0.5)
+      end
+      puts [r[:samples] > 300, Strobe::Native::THREAD_FRAMES || r[:missed_samples] < 60].inspect
+    RUBY
+    assert_ruby_prints "[true, true]\n", code
+  end
+
+  # A child forked while the parent samples without signals starts its own
+  # profiles with signals again (the default), and says so.
+  def test_a_child_of_a_signal_free_profile_uses_signals_again
+    code = <<~RUBY
+      require "strobe"
+      Strobe.start(mode: :wall, interval: 500, scheduler: :thread)
+      pid = fork do
+        Strobe.results # what the parent had recorded
+        r = Strobe.run(mode: :wall, interval: 500) { t = Time.now; 1 while Time.now - t < 0.1 }
+        exit!(r[:timer] == :threads && Strobe::Native.thread_registry[:signals] > 0 ? 0 : 1)
+      end
+      Process.wait(pid)
+      Strobe.stop
+      puts $?.exitstatus
+    RUBY
+    assert_ruby_prints "0\n", code
+  end
+
   def test_bad_scheduler_option
     assert_raises(ArgumentError) { Strobe.start(scheduler: :fibers) }.then { |e| assert_match(/scheduler/, e.message) }
     assert_raises(ArgumentError) { Strobe.start(scheduler: :thread, timer: :process) }.then { |e| assert_match(/timer/, e.message) }

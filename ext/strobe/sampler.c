@@ -570,6 +570,9 @@ timer_main(void *arg)
                 uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
                 if ((int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS) {
                     strobe_profile_add_missed(1); /* its last signal is not handled yet */
+                    /* Without signals, the job may have run on another
+                     * thread: ask for it again (harmless if pending). */
+                    if (S.safepoint_timer && atomic_load(&t->deferred)) job = 1;
                     continue;
                 }
                 /* Its stack was the same twice and it has used (almost) no
@@ -766,6 +769,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
         S.thread_hook = rb_tracepoint_new(Qnil, RUBY_EVENT_THREAD_BEGIN | RUBY_EVENT_THREAD_END, thread_hook, NULL);
 
     S.track_states = 0;
+    S.safepoint_timer = 0;
     if ((mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) && timer == STROBE_TIMER_SAFEPOINTS) {
         /* No signal handler at all: the timer thread owes samples to the
          * threads and a postponed job takes them at safe points. */
@@ -960,6 +964,7 @@ atfork_child(void)
     S.timer_started = 0;
     S.ptimer_started = 0; /* POSIX timers are not inherited */
     S.process_timer = 0;
+    S.safepoint_timer = 0;
     strobe_capture_reset();
 }
 

@@ -161,9 +161,15 @@ module Strobe
     def flamegraph_response(env)
       result = nil
       response = nil
+      entered = false
       begin
-        result = Strobe.run(**@profile.merge(raw: true)) { response = @app.call(env) }
+        result = Strobe.run(**@profile.merge(raw: true)) do
+          entered = true
+          response = @app.call(env)
+        end
       rescue Strobe::Error, ArgumentError => e
+        raise if entered # the application's own error, not profiling's
+
         warn_once "cannot profile this request: #{e.message}"
         return @app.call(env)
       end

@@ -40,6 +40,9 @@ module Strobe
       @metadata = parse_metadata(opts[:metadata])
       @out = parse_out(opts[:out])
       @format = parse_format(opts.fetch(:format, :json))
+      if @format == :sampling_prof && !@raw
+        raise ArgumentError, "format :sampling_prof needs raw: true (its call elements come from the raw stacks)"
+      end
       @on_result = opts[:on_result]
       unless @on_result.nil? || @on_result.respond_to?(:call)
         raise ArgumentError, "on_result must be a proc (given the result Hash), got #{@on_result.inspect}"
