@@ -412,6 +412,11 @@ class TestThreads < Minitest::Test
   # A child forked while the parent samples without signals starts its own
   # profiles with signals again (the default), and says so.
   def test_a_child_of_a_signal_free_profile_uses_signals_again
+    # Under the preloaded sanitizer runtime (GCC 12's libasan, whose
+    # allocator has no fork handlers) the child's first malloc deadlocked
+    # on an allocator lock held by another thread at the fork; glibc's
+    # malloc, which the released extension uses, is fork-safe.
+    skip "fork of a multi-threaded process under GCC 12's ASan allocator" if ENV["STROBE_LIB"]
     code = <<~RUBY
       require "strobe"
       Strobe.start(mode: :wall, interval: 500, scheduler: :thread)
