@@ -441,9 +441,18 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     int saved_errno = errno;
 
     if (!atomic_load(&S.running) || !atomic_load(&S.vm_alive)) goto out;
-    /* A thread registered by its tid may not have started running Ruby
-     * yet (no execution context): its stack cannot be read. */
-    if (!ruby_native_thread_p()) goto out;
+    /* A thread registered by its tid that runs no Ruby thread (not started
+     * yet, or ended without THREAD_END and parked in Ruby's thread cache):
+     * its stack cannot be read. It is not asked again (and its ticks are not
+     * counted missed) until it registers as a Ruby thread. */
+    if (!ruby_native_thread_p()) {
+        strobe_thread_t *idle = strobe_threads_self();
+        if (idle) {
+            atomic_store(&idle->not_ruby, 1);
+            atomic_fetch_add_explicit(&idle->handled, 1, memory_order_release);
+        }
+        goto out;
+    }
     strobe_thread_t *t = strobe_threads_self();
     if (!t) goto out; /* not a thread we sample */
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }
@@ -552,6 +561,7 @@ timer_main(void *arg)
         for (int i = 0; i < n; i++) {
             strobe_thread_t *t = strobe_threads_at(i);
             if (atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
+            if (atomic_load_explicit(&t->not_ruby, memory_order_relaxed)) continue;
             live++;
             int64_t cpu = strobe_clock_ns(t->cpu_clock);
             if (cpu < 0) continue; /* thread is gone */

@@ -128,6 +128,7 @@ typedef struct {
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
     atomic_int deferred;     /* a sample is owed at the next safe point (JIT, see sampler.c) */
+    atomic_int not_ruby;     /* its kernel thread runs no Ruby thread (ended, parked in Ruby's thread cache) */
     int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */
     _Atomic uint8_t gvl_state; /* STROBE_STATE_*, set by the GVL hook */
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */

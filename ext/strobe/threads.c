@@ -153,7 +153,15 @@ strobe_thread_t *
 strobe_threads_add(pid_t tid, VALUE thread, int state)
 {
     strobe_thread_t *t = strobe_threads_find(tid);
-    if (t) return t;
+    if (t && t->thread == thread) {
+        atomic_store(&t->not_ruby, 0);
+        return t;
+    }
+    /* Another Thread on the same kernel thread: the one registered ended
+     * without THREAD_END (Ruby 3.1 fires it only for a normal return, not
+     * for a thread that raised or was killed) and Ruby's thread cache ran
+     * this one on its native thread. It gets an entry of its own. */
+    if (t) strobe_threads_end(t);
     pthread_mutex_lock(&registry_lock);
     t = claim(tid);
     if (!t) {
@@ -186,9 +194,16 @@ void
 strobe_threads_reclaim(void)
 {
     int n = atomic_load(&entries_len);
-    for (int i = 0; i < n; i++)
-        if (atomic_load(&entries[i].state) == STROBE_THREAD_DEAD && reusable(&entries[i], 0))
-            atomic_store(&entries[i].state, STROBE_THREAD_FREE);
+    for (int i = 0; i < n; i++) {
+        strobe_thread_t *t = &entries[i];
+        /* A thread that ended without THREAD_END (see strobe_threads_add),
+         * once its native thread has left Ruby's cache too. */
+        if (atomic_load(&t->state) == STROBE_THREAD_LIVE && atomic_load(&t->not_ruby) &&
+            syscall(SYS_tgkill, (long)getpid(), (long)t->tid, 0L) != 0 && errno == ESRCH)
+            strobe_threads_end(t);
+        if (atomic_load(&t->state) == STROBE_THREAD_DEAD && reusable(t, 0))
+            atomic_store(&t->state, STROBE_THREAD_FREE);
+    }
 }
 
 void
