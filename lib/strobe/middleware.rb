@@ -191,10 +191,7 @@ module Strobe
     end
 
     def target_path(result)
-      return @path unless @path.end_with?("/") || File.directory?(@path)
-
-      stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
-      File.join(@path, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}.json")
+      ProfileFile.directory?(@path) ? ProfileFile.path_in(@path, result) : @path
     end
 
     def warn_once(message)

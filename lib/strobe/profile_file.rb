@@ -38,6 +38,20 @@ module Strobe
 
     # Writes result to target (a path, or an IO). A path is written
     # atomically: a temporary file in the same directory, then a rename.
+    # Whether path names a directory for profiles (it ends in "/" or is
+    # one), rather than a file.
+    def directory?(path)
+      path.end_with?("/") || File.directory?(path)
+    end
+
+    # A profile's file in directory dir, named by mode, process and time
+    # (to the millisecond), with format's extension: what the middleware and
+    # the signal toggle write.
+    def path_in(dir, result, format = :json)
+      stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
+      File.join(dir, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}#{format == :sampling_prof ? '.txt' : '.json'}")
+    end
+
     # format: :json (Strobe's own) or :sampling_prof (SamplingProf's text).
     def write(result, target, format: :json)
       unless Options::FORMATS.include?(format)

@@ -74,11 +74,7 @@ module Strobe
     end
 
     def target_path(result)
-      ext = @format == :sampling_prof ? ".txt" : ".json"
-      if @path.end_with?("/") || File.directory?(@path)
-        stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
-        return File.join(@path, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}#{ext}")
-      end
+      return ProfileFile.path_in(@path, result, @format) if ProfileFile.directory?(@path)
       return @path if @stops == 1
 
       base = @path.sub(/(\.json(\.gz)?|\.txt)\z/, "")
