@@ -66,6 +66,18 @@ module Strobe
       target
     end
 
+    # The result of everything sampled so far, while profiling goes on (it
+    # forgets nothing: a later snapshot or results includes it all again);
+    # nil when nothing was started. For a look at a long-running program
+    # (what `strobe serve` and the middleware's live view show).
+    def snapshot
+      result = Native.snapshot
+      return nil unless result
+
+      result[:metadata] = @pending[:metadata] || {}
+      result
+    end
+
     # Strobe.sample (defined in C) takes one sample of the current stack in
     # any mode; it returns false when not running.
 

@@ -9,9 +9,6 @@ require "stringio"
 # The HTML flamegraph: its data, its escaping, and the page itself loaded in
 # headless Chromium (Debian's chromium, installed by .ci/run).
 class TestFlamegraph < Minitest::Test
-  CHROMIUM = %w[chromium chromium-browser google-chrome].map { |c| `command -v #{c} 2>/dev/null`.strip }
-                                                       .find { |p| !p.empty? }
-
   def profile
     frames = {
       1 => { name: "<main>", file: "/app/main.rb", line: 1 },
@@ -83,13 +80,6 @@ class TestFlamegraph < Minitest::Test
   end
 
   private
-
-  def chromium_dom(url)
-    out, err, status = run_tool(CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu",
-                                   "--virtual-time-budget=5000", "--dump-dom", url, timeout: 120)
-    assert status.success?, "chromium failed: #{err[0, 300]}"
-    out
-  end
 
   # The pixels of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium's
   # screenshots are), as [r, g, b] triples.

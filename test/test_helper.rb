@@ -5,6 +5,7 @@ require "strobe"
 require "rbconfig"
 require "open3"
 require "timeout"
+require "tmpdir"
 
 # Every test runs with compaction after each major GC: profiler tables must
 # survive objects moving under them.
@@ -54,6 +55,24 @@ module StrobeTestHelpers
   # sanitizer runtime `rake test:asan` preloads into this process.
   def run_tool(*command, timeout: 120)
     run_command({ "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }, *command, timeout: timeout)
+  end
+
+  CHROMIUM = %w[chromium chromium-browser google-chrome].map { |c| `command -v #{c} 2>/dev/null`.strip }
+                                                       .find { |p| !p.empty? }
+
+  # The DOM of url after headless Chromium ran its scripts for a while
+  # (virtual time: as long as the page keeps working). With console: true,
+  # [DOM, the page's console output].
+  def chromium_dom(url, console: false)
+    assert CHROMIUM, "chromium is needed for this test (.ci/run installs Debian's chromium)"
+    Dir.mktmpdir do |profile_dir|
+      logging = console ? ["--enable-logging=stderr", "--v=0"] : []
+      out, err, status = run_tool(CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                  "--user-data-dir=#{profile_dir}", *logging, "--virtual-time-budget=5000",
+                                  "--dump-dom", url, timeout: 120)
+      assert status.success?, "chromium failed: #{err[0, 300]}"
+      console ? [out, err.scan(/INFO:CONSOLE[^"]*"(.*)", source/).flatten] : out
+    end
   end
 
   # Runs Ruby code in a child process with Strobe loadable.

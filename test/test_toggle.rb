@@ -120,8 +120,11 @@ class TestToggle < Minitest::Test
     Strobe.run(mode: :custom, raw: true, out: io, format: :sampling_prof) { Strobe.sample }
     assert_equal 4, io.string.split("\n\n").size
     assert_raises(ArgumentError) { Strobe.start(format: :yaml) }.then { |e| assert_match(/format/, e.message) }
-    # Refused at start, not at results time when the profile would be lost.
-    assert_raises(ArgumentError) { Strobe.start(format: :sampling_prof) }.then { |e| assert_match(/needs raw: true/, e.message) }
+    # Refused at start, not at results time when the profile would be lost;
+    # without raw: at all, the format turns it on.
+    assert_raises(ArgumentError) { Strobe.start(format: :sampling_prof, raw: false) }.then { |e| assert_match(/needs raw: true/, e.message) }
+    Strobe.run(mode: :custom, out: io = StringIO.new, format: :sampling_prof) { Strobe.sample }
+    assert_equal 4, io.string.split("\n\n").size
     # on_result gets the Hash even when out: is given too (which is written).
     path = File.join(@dir, "both.json")
     Strobe.run(mode: :custom, out: path, on_result: ->(r) { results << r }) { Strobe.sample }

@@ -89,6 +89,8 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->samples = p->gc_samples = p->truncated_samples = 0;
         atomic_store(&missed_samples, 0);
         p->start_us = strobe_now_us();
+        p->started_at_us = strobe_clock_ns(CLOCK_REALTIME) / 1000;
+        p->stop_us = 0;
         p->threads_len = 0;
         p->prev_depth = 0;
         p->raw = 0;

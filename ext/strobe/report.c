@@ -20,53 +20,9 @@
  * Every id and count read from the result is checked: malformed data raises
  * Strobe::ProfileError. GVL held; not signal-safe.
  */
-#include "strobe.h"
-#include <ruby/st.h>
-#include <ruby/encoding.h>
-#include <limits.h>
+#include "report.h"
 #include <stdlib.h>
-#include <string.h>
 #include <stdio.h>
-
-#define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
-
-/* Output written straight into a Ruby String's buffer (str, created on
- * the first write; its length is set when it is finished). */
-typedef struct {
-    VALUE str;               /* 0 until written to */
-    char *buf;
-    size_t len, capa;
-} out_t;
-
-typedef struct {
-    VALUE id, name, file;
-    long line;               /* -1 when absent */
-    uint64_t total, self;
-    VALUE edges, lines;      /* Hashes or nil */
-} rframe_t;
-
-typedef struct {
-    VALUE result, keep;
-    int details;             /* load file, line, edges and lines too */
-    rframe_t *frames;
-    long len, capa;
-    st_table *index;         /* Fixnum frame id -> position in frames */
-    uint64_t samples;
-    /* the stack tree (report_tree) */
-    uint32_t *parent, *frame;
-    uint64_t *self, *total;
-    uint32_t nodes, nodes_capa;
-    st_table *children;      /* (parent << 32 | frame) -> node */
-    uint32_t *runs_node;
-    uint64_t *runs_count;
-    size_t runs, runs_capa;
-    VALUE *prev_ids;         /* the previous raw stack's frame ids */
-    uint32_t *path;          /* path[k]: its node after level k (path[0]: root) */
-    long path_capa;
-    out_t out;               /* the output being written */
-    void *scratch[4];        /* a report's own buffers, freed with it */
-    VALUE holder;            /* GC-visible object marking the VALUEs above */
-} report_t;
 
 static VALUE sym_name, sym_file, sym_line, sym_total_samples, sym_samples, sym_edges, sym_lines,
     sym_frames, sym_raw;
@@ -80,8 +36,8 @@ add_count(uint64_t *sum, uint64_t n)
     if (__builtin_add_overflow(*sum, n, sum)) CORRUPT("sample counts add up to more than 2**64");
 }
 
-static uint64_t
-count_of(VALUE v, const char *what)
+uint64_t
+strobe_count_of(VALUE v, const char *what)
 {
     if (NIL_P(v)) return 0;
     if (FIXNUM_P(v) && FIX2LONG(v) >= 0) return (uint64_t)FIX2LONG(v);
@@ -112,8 +68,8 @@ load_frame(VALUE id, VALUE frame, VALUE arg)
     r->len++;
     f->name = rb_hash_lookup2(frame, sym_name, Qnil);
     if (!RB_TYPE_P(f->name, T_STRING)) f->name = rb_obj_as_string(f->name);
-    f->total = count_of(rb_hash_lookup2(frame, sym_total_samples, Qnil), "total_samples");
-    f->self = count_of(rb_hash_lookup2(frame, sym_samples, Qnil), "samples");
+    f->total = strobe_count_of(rb_hash_lookup2(frame, sym_total_samples, Qnil), "total_samples");
+    f->self = strobe_count_of(rb_hash_lookup2(frame, sym_samples, Qnil), "samples");
     f->line = -1;
     if (r->details) {
         f->file = rb_hash_lookup2(frame, sym_file, Qnil);
@@ -129,8 +85,8 @@ load_frame(VALUE id, VALUE frame, VALUE arg)
     return ST_CONTINUE;
 }
 
-static void
-report_load(report_t *r, VALUE result, VALUE keep, int details)
+void
+strobe_report_load(report_t *r, VALUE result, VALUE keep, int details)
 {
     if (!RB_TYPE_P(result, T_HASH)) CORRUPT("not a result Hash");
     if (!NIL_P(keep)) Check_Type(keep, T_HASH);
@@ -140,7 +96,7 @@ report_load(report_t *r, VALUE result, VALUE keep, int details)
     r->keep = keep;
     r->details = details;
     if (details) r->index = st_init_numtable(); /* text needs no lookups by id */
-    r->samples = count_of(rb_hash_lookup2(result, sym_samples, Qnil), "samples");
+    r->samples = strobe_count_of(rb_hash_lookup2(result, sym_samples, Qnil), "samples");
     r->capa = (long)RHASH_SIZE(frames) + 1; /* sized once: no copies as it fills */
     r->frames = ALLOC_N(rframe_t, r->capa);
     rb_hash_foreach(frames, load_frame, (VALUE)r);
@@ -158,6 +114,9 @@ report_mark(void *ptr)
     rb_gc_mark(r->result);
     rb_gc_mark(r->keep);
     if (r->out.str) rb_gc_mark(r->out.str);
+    if (r->out.sink) rb_gc_mark(r->out.sink);
+    if (r->extra) rb_gc_mark(r->extra);
+    if (r->samples_read) rb_gc_mark(r->samples_read->thread_ids);
     for (long i = 0; i < r->len; i++) {
         rb_gc_mark(r->frames[i].name);
         rb_gc_mark(r->frames[i].file);
@@ -182,15 +141,17 @@ report_free(VALUE arg)
     xfree(r->parent); xfree(r->frame); xfree(r->self); xfree(r->total);
     xfree(r->runs_node); xfree(r->runs_count);
     xfree(r->prev_ids); xfree(r->path);
-    for (int i = 0; i < 4; i++) xfree(r->scratch[i]);
+    for (int i = 0; i < 8; i++) xfree(r->scratch[i]);
+    if (r->samples_read) strobe_samples_free(r->samples_read);
+    if (r->cleanup) r->cleanup(r->cleanup_arg);
     return Qnil;
 }
 
 /* Position of a kept frame; -1 for a frame the filter dropped, or for one
  * not in frames when unknown_ok (edges to nowhere are skipped; raw samples
  * must name real frames). */
-static long
-frame_pos(const report_t *r, VALUE id, int unknown_ok)
+long
+strobe_report_frame_pos(const report_t *r, VALUE id, int unknown_ok)
 {
     st_data_t pos;
     if (FIXNUM_P(id) && st_lookup(r->index, (st_data_t)id, &pos)) return (long)pos - 1;
@@ -199,70 +160,6 @@ frame_pos(const report_t *r, VALUE id, int unknown_ok)
 }
 
 /* ---- formatting --------------------------------------------------------------- */
-
-static inline void
-out_reserve(out_t *o, size_t more)
-{
-    if (o->len + more <= o->capa) return;
-    size_t capa = o->capa ? o->capa : 4096;
-    while (capa < o->len + more) capa *= 2;
-    if (capa > LONG_MAX) rb_raise(rb_eNoMemError, "report output too large");
-    if (!o->str) {
-        o->str = rb_str_buf_new((long)capa);
-    } else {
-        rb_str_set_len(o->str, (long)o->len);
-        rb_str_modify_expand(o->str, (long)(capa - o->len));
-    }
-    o->buf = RSTRING_PTR(o->str);
-    o->capa = rb_str_capacity(o->str);
-}
-
-static inline void
-out_mem(out_t *o, const char *s, size_t n)
-{
-    if (!n) return; /* nothing to copy, and buf may still be NULL */
-    out_reserve(o, n);
-    memcpy(o->buf + o->len, s, n);
-    o->len += n;
-}
-
-static inline void
-out_str(out_t *o, VALUE str)
-{
-    out_mem(o, RSTRING_PTR(str), (size_t)RSTRING_LEN(str));
-}
-
-#define OUT_LIT(o, lit) out_mem((o), (lit), sizeof(lit) - 1)
-
-/* n right-aligned in width columns (wider numbers take what they need),
- * its digits written in place, two at a time (most numbers are small). */
-static inline void
-out_u64(out_t *o, uint64_t n, int width)
-{
-    static const char pairs[201] =
-        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-        "8081828384858687888990919293949596979899";
-    int digits = 1;
-    for (uint64_t v = n; v >= 10; v /= 10) digits++;
-    size_t len = (size_t)(digits > width ? digits : width);
-    out_reserve(o, len);
-    char *start = o->buf + o->len, *p = start + len;
-    while (n >= 100) {
-        unsigned d = (unsigned)(n % 100);
-        n /= 100;
-        *--p = pairs[2 * d + 1];
-        *--p = pairs[2 * d];
-    }
-    if (n >= 10) {
-        *--p = pairs[2 * n + 1];
-        *--p = pairs[2 * n];
-    } else {
-        *--p = (char)('0' + n);
-    }
-    while (p > start) *--p = ' ';
-    o->len += len;
-}
 
 /* 100 * count / samples with one decimal, into buf (at least 32 bytes),
  * exactly as Ruby's format("%.1f", 100.0 * count / samples) writes it;
@@ -314,21 +211,9 @@ out_pct(out_t *o, uint64_t count, uint64_t samples)
     }
 }
 
-/* The String written: UTF-8 (names are), and the out_t empty again. */
-static VALUE
-out_finish(out_t *o)
-{
-    if (!o->str) return rb_utf8_str_new(0, 0);
-    VALUE s = o->str;
-    rb_str_set_len(s, (long)o->len);
-    rb_enc_associate(s, rb_utf8_encoding());
-    memset(o, 0, sizeof(*o));
-    return s;
-}
-
 /* Runs body(args) with a fresh report (*slot), freeing it however body ends. */
-static VALUE
-report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
+VALUE
+strobe_report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
 {
     report_t r;
     memset(&r, 0, sizeof(r));
@@ -347,7 +232,7 @@ report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
     native_report_##name(VALUE self, VALUE result, VALUE keep)       \
     {                                                                \
         report_args_t a = { NULL, result, keep, 0 };                 \
-        return report_run(name##_body, &a, &a.r);                    \
+        return strobe_report_run(name##_body, &a, &a.r);                    \
     }
 
 /* ---- text ------------------------------------------------------------------------ */
@@ -474,7 +359,7 @@ text_body(VALUE arg)
 {
     text_args_t *a = (text_args_t *)arg;
     report_t *r = a->r;
-    report_load(r, a->result, a->keep, 0);
+    strobe_report_load(r, a->result, a->keep, 0);
     row_key_t *keys = r->scratch[0] = ALLOC_N(row_key_t, r->len ? r->len : 1);
     for (long i = 0; i < r->len; i++) {
         const rframe_t *f = &r->frames[i];
@@ -510,7 +395,7 @@ static VALUE
 native_report_text(VALUE self, VALUE result, VALUE keep, VALUE sort_by_total, VALUE limit)
 {
     text_args_t a = { NULL, result, keep, RTEST(sort_by_total), NIL_P(limit) ? -1 : NUM2LONG(limit) };
-    return report_run(text_body, &a, &a.r);
+    return strobe_report_run(text_body, &a, &a.r);
 }
 
 /* ---- the stack tree ------------------------------------------------------------ */
@@ -589,7 +474,7 @@ report_tree(report_t *r)
         uint32_t node = r->path[k];
         for (; k < depth; k++) {
             VALUE id = RARRAY_AREF(raw, i + 1 + k);
-            long pos = frame_pos(r, id, 0);
+            long pos = strobe_report_frame_pos(r, id, 0);
             if (pos >= 0) node = tree_child(r, node, (uint32_t)pos);
             r->prev_ids[k] = id;
             r->path[k + 1] = node;
@@ -633,7 +518,7 @@ tree_body(VALUE arg)
 {
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
-    report_load(r, a->result, a->keep, 1);
+    strobe_report_load(r, a->result, a->keep, 1);
     report_tree(r);
     VALUE ids = rb_ary_new_capa(r->len);
     for (long i = 0; i < r->len; i++) rb_ary_push(ids, r->frames[i].id);
@@ -675,7 +560,7 @@ folded_body(VALUE arg)
 {
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
-    report_load(r, a->result, a->keep, 1);
+    strobe_report_load(r, a->result, a->keep, 1);
     report_tree(r);
     out_t *o = &r->out;
     /* Each frame's name as written, fixed up once (rarely needed). */
@@ -760,9 +645,9 @@ dot_edge(VALUE callee, VALUE count, VALUE arg)
 {
     edges_ctx_t *c = (edges_ctx_t *)arg;
     report_t *r = c->r;
-    long to = frame_pos(r, callee, 1);
+    long to = strobe_report_frame_pos(r, callee, 1);
     if (to < 0 || !c->shown[to]) return ST_CONTINUE;
-    uint64_t n = count_of(count, "an edge count");
+    uint64_t n = strobe_count_of(count, "an edge count");
     out_t *o = &r->out;
     out_mem(o, c->prefix, c->prefix_len);
     out_u64(o, (uint64_t)to, 0);
@@ -785,7 +670,7 @@ graphviz_body(VALUE arg)
 {
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
-    report_load(r, a->result, a->keep, 1);
+    strobe_report_load(r, a->result, a->keep, 1);
     out_t *o = &r->out;
     uint64_t max_self = 1;
     for (long i = 0; i < r->len; i++) if (r->frames[i].self > max_self) max_self = r->frames[i].self;
@@ -832,7 +717,7 @@ static VALUE
 native_report_graphviz(VALUE self, VALUE result, VALUE keep, VALUE node_fraction)
 {
     report_args_t a = { NULL, result, keep, NUM2DBL(node_fraction) };
-    return report_run(graphviz_body, &a, &a.r);
+    return strobe_report_run(graphviz_body, &a, &a.r);
 }
 
 /* ---- callgrind ---------------------------------------------------------------------- */
@@ -878,7 +763,7 @@ callgrind_line(VALUE line, VALUE pair, VALUE arg)
     out_t *o = &((callgrind_ctx_t *)arg)->r->out;
     if (!FIXNUM_P(line) || FIX2LONG(line) < 0) return ST_CONTINUE;
     if (!RB_TYPE_P(pair, T_ARRAY) || RARRAY_LEN(pair) < 2) CORRUPT("a lines entry is not [total, self]");
-    uint64_t self = count_of(RARRAY_AREF(pair, 1), "a line's self count");
+    uint64_t self = strobe_count_of(RARRAY_AREF(pair, 1), "a line's self count");
     if (self) out_u64_pair(o, (uint64_t)FIX2LONG(line), self);
     return ST_CONTINUE;
 }
@@ -888,9 +773,9 @@ callgrind_call(VALUE callee, VALUE count, VALUE arg)
 {
     callgrind_ctx_t *c = (callgrind_ctx_t *)arg;
     report_t *r = c->r;
-    long to = frame_pos(r, callee, 1);
+    long to = strobe_report_frame_pos(r, callee, 1);
     if (to < 0) return ST_CONTINUE;
-    uint64_t n = count_of(count, "an edge count");
+    uint64_t n = strobe_count_of(count, "an edge count");
     out_t *o = &r->out;
     const rframe_t *caller = &r->frames[c->from], *f = &r->frames[to];
     if (c->file_of[to] != c->file_of[c->from])
@@ -907,7 +792,7 @@ callgrind_body(VALUE arg)
 {
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
-    report_load(r, a->result, a->keep, 1);
+    strobe_report_load(r, a->result, a->keep, 1);
     out_t *o = &r->out;
     long n = r->len ? r->len : 1;
     callgrind_ctx_t c = { r, 0, r->scratch[0] = ALLOC_N(char, n), r->scratch[1] = ALLOC_N(char, n),
@@ -953,7 +838,7 @@ files_body(VALUE arg)
 {
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
-    report_load(r, a->result, a->keep, 1);
+    strobe_report_load(r, a->result, a->keep, 1);
     report_tree(r);
     /* One number per distinct file, in order of first appearance. */
     VALUE ids = rb_hash_new(), names = rb_ary_new();

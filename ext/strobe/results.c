@@ -19,6 +19,7 @@
  * GVL held; not signal-safe.
  */
 #include "strobe.h"
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -249,13 +250,54 @@ thread_name(const strobe_profile_thread_t *pt)
     return NIL_P(name) ? name : rb_str_dup(name);
 }
 
-VALUE
-strobe_results_build(void)
-{
-    strobe_profile_t *p = &strobe_profile;
-    strobe_sampler_flush();
-    if (!p->active) return Qnil;
+/* The sample log flattened: per sample its node, time, thread and state. */
+typedef struct {
+    size_t count;
+    uint32_t *nodes;
+    int64_t *times;
+    uint16_t *threads;
+    uint8_t *states;
+} sample_log_t;
 
+static void
+log_free(sample_log_t *log)
+{
+    free(log->nodes); free(log->times); free(log->threads); free(log->states);
+    memset(log, 0, sizeof(*log));
+}
+
+/* Flattens p's sample log into log (malloc); -1 if memory ran out (log
+ * then holds nothing). Plain C: callable under the profile lock. */
+static int
+log_flatten(const strobe_profile_t *p, sample_log_t *log)
+{
+    size_t count = 0;
+    for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next) count += c->len;
+    log->count = count;
+    log->nodes = malloc((count ? count : 1) * sizeof(uint32_t));
+    log->times = malloc((count ? count : 1) * sizeof(int64_t));
+    log->threads = malloc((count ? count : 1) * sizeof(uint16_t));
+    log->states = malloc(count ? count : 1);
+    if (!log->nodes || !log->times || !log->threads || !log->states) {
+        log_free(log);
+        return -1;
+    }
+    size_t i = 0;
+    for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next)
+        for (uint32_t k = 0; k < c->len; k++, i++) {
+            log->nodes[i] = c->samples[k].node;
+            log->times[i] = c->base_us + c->samples[k].time_offset;
+            log->threads[i] = c->samples[k].thread;
+            log->states[i] = (uint8_t)c->samples[k].flags;
+        }
+    return 0;
+}
+
+/* The result Hash of profile p (the live one, or a snapshot's copy), its
+ * sample log already flattened into log when p kept raw samples. */
+static VALUE
+results_of(const strobe_profile_t *p, const sample_log_t *log)
+{
     const strobe_stack_table_t *st = &p->table;
     VALUE result = rb_hash_new();
     rb_hash_aset(result, strobe_sym("version"), DBL2NUM(1.2));
@@ -268,6 +310,13 @@ strobe_results_build(void)
      * they keep the innermost ones under a "(truncated)" root frame. */
     rb_hash_aset(result, strobe_sym("truncated_samples"), ULL2NUM(p->truncated_samples));
     rb_hash_aset(result, strobe_sym("metadata"), rb_hash_new());
+    /* Strobe's: when profiling first started (Unix time, microseconds) and
+     * for how long (microseconds from the first start to the latest stop,
+     * or to now while running). */
+    rb_hash_aset(result, strobe_sym("started_at"), LL2NUM(p->started_at_us));
+    int64_t end_us = strobe_sampler_running() || !p->stop_us ? strobe_now_us() : p->stop_us;
+    rb_hash_aset(result, strobe_sym("duration"), LL2NUM(end_us - p->start_us));
+    rb_hash_aset(result, strobe_sym("pid"), INT2NUM(getpid()));
 
     VALUE frames = rb_hash_new(), details = rb_ary_new_capa(st->frames_len);
     VALUE frame_ids = rb_ary_new_capa(st->frames_len);
@@ -312,6 +361,7 @@ strobe_results_build(void)
             info = rb_hash_new();
             rb_hash_aset(info, sym_name, thread_name(&p->threads[i]));
             rb_hash_aset(info, sym_samples, INT2FIX(0));
+            if (p->threads[i].thread == rb_thread_main()) rb_hash_aset(info, strobe_sym("main"), Qtrue);
             rb_hash_aset(threads, id, info);
         }
         hash_add(info, sym_samples, p->threads[i].samples);
@@ -340,25 +390,150 @@ strobe_results_build(void)
     uint64_t unsampled = strobe_sampler_unsampled_threads();
     if (unsampled) rb_hash_aset(result, strobe_sym("unsampled_threads"), ULL2NUM(unsampled));
 
-    if (p->raw && p->first_chunk) {
-        size_t count = 0;
-        for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next) count += c->len;
-        uint32_t *nodes = malloc(count * sizeof(uint32_t));
-        int64_t *times = malloc(count * sizeof(int64_t));
-        uint16_t *ths = malloc(count * sizeof(uint16_t));
-        uint8_t *states = malloc(count ? count : 1);
-        if (!nodes || !times || !ths || !states) { free(nodes); free(times); free(ths); free(states); rb_memerror(); }
-        size_t i = 0;
-        for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next)
-            for (uint32_t k = 0; k < c->len; k++, i++) {
-                nodes[i] = c->samples[k].node;
-                times[i] = c->base_us + c->samples[k].time_offset;
-                ths[i] = c->samples[k].thread;
-                states[i] = (uint8_t)c->samples[k].flags;
-            }
-        strobe_results_raw(result, st->nodes, (uint32_t)count, nodes, times, thread_ids, ths,
-                           p->track_states ? states : NULL, p->start_us, frame_ids);
-        free(nodes); free(times); free(ths); free(states);
+    if (p->raw && log->count)
+        strobe_results_raw(result, st->nodes, (uint32_t)log->count, log->nodes, log->times, thread_ids, log->threads,
+                           p->track_states ? log->states : NULL, p->start_us, frame_ids);
+    return result;
+}
+
+static VALUE
+free_log(VALUE arg)
+{
+    log_free((sample_log_t *)arg);
+    return Qnil;
+}
+
+typedef struct {
+    const strobe_profile_t *p;
+    sample_log_t *log;
+} results_args_t;
+
+static VALUE
+results_body(VALUE arg)
+{
+    results_args_t *a = (results_args_t *)arg;
+    return results_of(a->p, a->log);
+}
+
+VALUE
+strobe_results_build(void)
+{
+    strobe_profile_t *p = &strobe_profile;
+    strobe_sampler_flush();
+    if (!p->active) return Qnil;
+    sample_log_t log = { 0 };
+    if (p->raw && log_flatten(p, &log) < 0) rb_memerror();
+    results_args_t a = { p, &log };
+    return rb_ensure(results_body, (VALUE)&a, free_log, (VALUE)&log);
+}
+
+/* ---- snapshots: the result so far, while sampling goes on ------------------
+ *
+ * The parts of the profile results read are copied under the profile lock
+ * (plain memory copies: nothing Ruby runs under it), and the result is
+ * built from the copy after the lock is released, so the timer thread goes
+ * on draining meanwhile. A hidden object marks (and pins) the copy's frames
+ * and Threads while the result is built, in case the profile lets go of
+ * them in the meantime. */
+
+typedef struct {
+    strobe_profile_t copy;   /* table.frames/nodes, node_self, threads: own copies */
+    sample_log_t log;
+    int failed;
+} snapshot_t;
+
+static void
+snapshot_mark(void *ptr)
+{
+    const snapshot_t *s = ptr;
+    if (!s) return;
+    strobe_stack_table_mark(&s->copy.table);
+    for (int i = 0; i < s->copy.threads_len; i++) {
+        rb_gc_mark(s->copy.threads[i].thread);
+        rb_gc_mark(s->copy.threads[i].name);
     }
+}
+
+static const rb_data_type_t snapshot_type = {
+    .wrap_struct_name = "Strobe::Native::Snapshot",
+    .function = { .dmark = snapshot_mark },
+};
+
+static void *
+copy_of(const void *src, size_t n, size_t size, int *failed)
+{
+    void *p = malloc((n ? n : 1) * size);
+    if (!p) { *failed = 1; return NULL; }
+    if (n) memcpy(p, src, n * size);
+    return p;
+}
+
+/* Under the profile lock. */
+static void
+snapshot_copy(void *arg)
+{
+    snapshot_t *s = arg;
+    const strobe_profile_t *p = &strobe_profile;
+    strobe_profile_t *c = &s->copy;
+    *c = *p;
+    c->first_chunk = c->last_chunk = NULL;
+    memset(&c->table, 0, sizeof(c->table));
+    c->node_self = NULL;
+    c->threads = NULL;
+    c->threads_len = 0;
+    c->table.frames_len = p->table.frames_len;
+    c->table.nodes_len = p->table.nodes_len;
+    c->table.frames = copy_of(p->table.frames, p->table.frames_len, sizeof(strobe_frame_t), &s->failed);
+    c->table.nodes = copy_of(p->table.nodes, p->table.nodes_len, sizeof(strobe_node_t), &s->failed);
+    uint32_t self_len = p->node_self_capa < p->table.nodes_len ? p->node_self_capa : p->table.nodes_len;
+    c->node_self = calloc(p->table.nodes_len ? p->table.nodes_len : 1, sizeof(uint64_t));
+    if (!c->node_self) s->failed = 1;
+    else if (p->node_self && self_len) memcpy(c->node_self, p->node_self, self_len * sizeof(uint64_t));
+    c->node_self_capa = p->table.nodes_len;
+    if (!c->table.frames) c->table.frames_len = 0; /* what snapshot_mark walks */
+    if (!c->table.nodes) c->table.nodes_len = 0;
+    c->threads = copy_of(p->threads, (size_t)p->threads_len, sizeof(strobe_profile_thread_t), &s->failed);
+    if (c->threads) c->threads_len = p->threads_len;
+    if (!s->failed && p->raw && log_flatten(p, &s->log) < 0) s->failed = 1;
+}
+
+static VALUE
+snapshot_free(VALUE holder)
+{
+    snapshot_t *s = DATA_PTR(holder);
+    DATA_PTR(holder) = NULL;
+    free(s->copy.table.frames);
+    free(s->copy.table.nodes);
+    free(s->copy.node_self);
+    free(s->copy.threads);
+    log_free(&s->log);
+    free(s);
+    return Qnil;
+}
+
+static VALUE
+snapshot_body(VALUE holder)
+{
+    snapshot_t *s = DATA_PTR(holder);
+    if (s->failed) rb_memerror();
+    return results_of(&s->copy, &s->log);
+}
+
+VALUE
+strobe_results_snapshot(void)
+{
+    strobe_sampler_flush();
+    if (!strobe_profile.active) return Qnil;
+    snapshot_t *s = calloc(1, sizeof(*s));
+    if (!s) rb_memerror();
+    /* The holder exists before the copy, so making it cannot run a GC
+     * while the copy's VALUEs are unmarked. */
+    VALUE holder = TypedData_Wrap_Struct(0, &snapshot_type, NULL);
+    strobe_profile_lock();
+    snapshot_copy(s);
+    DATA_PTR(holder) = s;
+    strobe_profile_unlock();
+    VALUE result = rb_ensure(snapshot_body, holder, snapshot_free, holder);
+    RB_GC_GUARD(holder);
     return result;
 }

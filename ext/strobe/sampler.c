@@ -84,6 +84,7 @@ static struct {
     strobe_mode_t mode;
     long interval;
     VALUE only;              /* Array of the Threads to profile, or Qnil for all */
+    VALUE excluded;          /* Array of Strobe's own Threads, never profiled (or Qnil) */
     uint64_t unsampled_threads; /* profiled threads the full registry turned away */
     _Atomic uint64_t signals_sent; /* since the last start */
 
@@ -128,7 +129,21 @@ static VALUE sym_state, sym_marking, sym_sweeping;
 static int
 profiled(VALUE thread)
 {
+    if (!NIL_P(S.excluded) && RTEST(rb_ary_includes(S.excluded, thread))) return 0;
     return NIL_P(S.only) || RTEST(rb_ary_includes(S.only, thread));
+}
+
+void
+strobe_sampler_exclude_current(void)
+{
+    if (NIL_P(S.excluded)) S.excluded = rb_ary_new();
+    VALUE thread = rb_thread_current();
+    if (!RTEST(rb_ary_includes(S.excluded, thread))) rb_ary_push(S.excluded, thread);
+    strobe_thread_t *t = strobe_threads_self();
+    if (!t) return;
+    strobe_sampler_flush(); /* what it captured so far still names it */
+    strobe_profile_thread_ended(t);
+    strobe_threads_end(t);
 }
 
 /* GVL held: the calling thread's entry, registering it if it is profiled. */
@@ -156,7 +171,7 @@ register_running_threads(void)
     ID native_thread_id = rb_intern("native_thread_id");
     for (long i = 0; i < RARRAY_LEN(list); i++) {
         VALUE thread = RARRAY_AREF(list, i);
-        if (!RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) continue;
+        if (!profiled(thread) || !RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) continue;
         pid_t tid;
         /* The starting thread holds the GVL; of the others, a sleeping
          * one (sleep, IO, a lock, a queue) has released it, and a
@@ -842,6 +857,7 @@ strobe_sampler_stop(void)
         rb_tracepoint_disable(S.newobj_hook);
     }
     strobe_sampler_flush();
+    strobe_profile.stop_us = strobe_now_us();
 }
 
 uint64_t
@@ -931,6 +947,7 @@ strobe_sampler_mark(void)
 {
     strobe_threads_mark();
     rb_gc_mark(S.only);
+    rb_gc_mark(S.excluded);
     rb_gc_mark(S.thread_hook);
     rb_gc_mark(S.newobj_hook);
 }
@@ -1001,6 +1018,7 @@ strobe_sampler_init(void)
     S.newobj_hook = Qnil;
     S.thread_hook = Qnil;
     S.only = Qnil;
+    S.excluded = Qnil;
     atomic_store(&S.vm_alive, 1);
 #ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
     S.job = rb_postponed_job_preregister(0, drain_job, NULL);

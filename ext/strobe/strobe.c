@@ -240,6 +240,23 @@ native_results(VALUE self)
     return rb_ensure(build_results, Qnil, clear_profile, Qnil);
 }
 
+/* Strobe::Native.snapshot -> Hash or nil: the result so far, while
+ * profiling goes on; forgets nothing. */
+static VALUE
+native_snapshot(VALUE self)
+{
+    return strobe_results_snapshot();
+}
+
+/* Strobe::Native.exclude_current_thread: the calling thread is never
+ * profiled again (Strobe's own threads, such as strobe serve's server). */
+static VALUE
+native_exclude_current_thread(VALUE self)
+{
+    strobe_sampler_exclude_current();
+    return Qnil;
+}
+
 /* Strobe::Native.memsize -> bytes held by the current profile (tables,
  * counts and sample log); bench/ uses it for bytes per raw sample. */
 static VALUE
@@ -275,6 +292,8 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "define_stackprof", native_define_stackprof, 1);
     rb_define_singleton_method(mNative, "results", native_results, 0);
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
+    rb_define_singleton_method(mNative, "snapshot", native_snapshot, 0);
+    rb_define_singleton_method(mNative, "exclude_current_thread", native_exclude_current_thread, 0);
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */
     rb_define_const(mNative, "SIGNAL", rb_str_new_cstr(STROBE_SIGNAL_TRAP));
     /* Whether scheduler: :thread can read threads other than the running
@@ -293,4 +312,7 @@ Init_strobe(void)
     strobe_compact_define(mNative);
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
+    strobe_pprof_define(mNative);
+    strobe_firefox_define(mNative);
+    strobe_speedscope_define(mNative);
 }

@@ -317,6 +317,8 @@ typedef struct {
     uint64_t samples, gc_samples;
     uint64_t truncated_samples; /* samples whose stack was cut to STROBE_MAX_DEPTH */
     int64_t start_us;        /* first start, CLOCK_MONOTONIC microseconds */
+    int64_t started_at_us;   /* the same moment, CLOCK_REALTIME (Unix time) microseconds */
+    int64_t stop_us;         /* latest stop, CLOCK_MONOTONIC microseconds (0: none yet) */
     strobe_profile_thread_t *threads;
     int threads_len, threads_capa;
     /* The previous stack recorded (innermost first, ending at the arrays'
@@ -378,12 +380,18 @@ void strobe_sampler_forget_unsampled(void);
 int strobe_sampler_sample_now(void);
 /* GVL held: record everything the handler captured so far. */
 void strobe_sampler_flush(void);
+/* GVL held: the calling thread (one of Strobe's own, such as strobe
+ * serve's HTTP server) is never profiled from now on. */
+void strobe_sampler_exclude_current(void);
 /* Registered thread whose tid matches the caller (signal handler). */
 void strobe_sampler_mark(void);
 
 /* ---- results.c ----------------------------------------------------------- */
 
 VALUE strobe_results_build(void);
+/* The result so far, while profiling goes on (or nil): built from a copy
+ * of the profile taken under the profile lock. */
+VALUE strobe_results_snapshot(void);
 void strobe_results_aggregate(const strobe_node_t *nodes, uint32_t nodes_len, const uint64_t *self,
                               VALUE details_by_frame, VALUE frame_ids, uint32_t frames_len, int aggregate);
 void strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
@@ -407,6 +415,12 @@ void strobe_subset_define(VALUE mNative);
 /* ---- report.c --------------------------------------------------------------- */
 
 void strobe_report_define(VALUE mNative);
+
+/* ---- exporters: pprof.c, firefox.c, speedscope.c ---------------------------- */
+
+void strobe_pprof_define(VALUE mNative);
+void strobe_firefox_define(VALUE mNative);
+void strobe_speedscope_define(VALUE mNative);
 
 /* ---- strobe.c ------------------------------------------------------------- */
 

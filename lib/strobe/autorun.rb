@@ -17,6 +17,12 @@
 #                    each stop writes a profile (STROBE_OUT is then a
 #                    directory, default ".", or a file name numbered from the
 #                    second stop on; see Strobe::Toggle)
+#   STROBE_SERVE     a port (0: any free one): instead of writing a file,
+#                    serve the profile so far as Firefox Profiler JSON on
+#                    127.0.0.1 (see Strobe::Serve), and once the program
+#                    ends, keep serving it until INT or TERM. A process that
+#                    cannot bind the port (a child of the first) is not
+#                    profiled.
 #
 # The profile is written when the program exits, after the program's own
 # at_exit handlers (this one is registered first, so it runs last). A bad
@@ -44,6 +50,7 @@ module Strobe
     def start
       require_relative "../strobe"
       return toggle if present("STROBE_SIGNAL")
+      return serve if present("STROBE_SERVE")
 
       opts = options
       out = opts.fetch(:out)
@@ -87,7 +94,55 @@ module Strobe
       false
     end
 
+    # STROBE_SERVE: profiling from the start, the profile served over HTTP.
+    # Returns true when both are running.
+    def serve
+      require_relative "serve"
+      port = integer("STROBE_SERVE", present("STROBE_SERVE"))
+      opts = options.slice(:mode, :interval, :ignore_gc).merge(raw: true)
+      begin
+        server = Serve.new(port, err: @err)
+      rescue SystemCallError => e
+        warn_line "not profiling this process: cannot serve on 127.0.0.1:#{port} (#{e.message.sub(/ - .*/, '')})"
+        return false
+      end
+      # Ruby processes this one starts try the port it has (with
+      # STROBE_SERVE=0, another free one each): they cannot bind it, so
+      # only this process serves.
+      @env["STROBE_SERVE"] = server.port.to_s
+      server.start
+      unless Strobe.start(**opts)
+        server.stop
+        warn_line "the profiler is already running; not serving this program's profile"
+        return false
+      end
+
+      @pid = Process.pid
+      @err.puts "strobe: serving the profile of process #{@pid} at #{server.url}"
+      @err.puts "strobe: open #{server.profiler_url}"
+      at_exit { keep_serving(server) }
+      true
+    rescue StandardError => e
+      server&.stop
+      warn_line "not profiling: #{e.message}"
+      false
+    end
+
     private
+
+    # At exit: profiling stops, the profile stays served until INT or TERM.
+    def keep_serving(server)
+      return unless Process.pid == @pid
+
+      Strobe.stop
+      @err.puts "strobe: the program has finished; its profile is still served at #{server.url} (Ctrl-C to quit)"
+      done = Queue.new
+      %w[INT TERM].each { |signal| trap(signal) { done << signal } }
+      done.pop
+      server.stop
+    rescue Interrupt
+      server.stop
+    end
 
     def finish(out)
       return unless Process.pid == @pid

@@ -12,11 +12,14 @@ module Strobe
   #
   #   strobe run [options] [--] COMMAND...   profile COMMAND, then report
   #   strobe report [options] FILE...        report on saved profiles
+  #   strobe serve [options] [--] COMMAND... run COMMAND, serving its profile
+  #                                          to the Firefox Profiler
   #
   # Strobe::CLI.new(argv).run returns the exit status instead of exiting, and
   # reports every problem as one `strobe: ...` line on err, never a backtrace.
   class CLI
     DEFAULT_OUT = "strobe-profile.json"
+    DEFAULT_PORT = 5150
     LIB_DIR = File.expand_path("..", __dir__)
     AUTORUN = File.expand_path("autorun.rb", __dir__)
     MODES = Options::MODES.map(&:to_s).freeze
@@ -53,9 +56,9 @@ module Strobe
     def dispatch(args)
       command = args.shift
       case command
-      when "run", "report"
+      when "run", "report", "serve"
         @command = command
-        command == "run" ? run_command(args) : report_command(args)
+        public_send(:"#{command}_command", args)
       when "help" then help(args.first)
       when "-h", "--help" then help(nil)
       when "-v", "--version" then version
@@ -63,13 +66,13 @@ module Strobe
         @err.puts general_help
         1
       when /\A-/ then raise OptionParser::InvalidOption, command
-      else raise UsageError, "unknown command: #{command} (commands: run, report; see strobe --help)"
+      else raise UsageError, "unknown command: #{command} (commands: run, report, serve; see strobe --help)"
       end
     end
 
     # --- strobe run ----------------------------------------------------------
 
-    def run_command(args)
+    public def run_command(args)
       settings = { mode: "wall", interval: nil, raw: false, out: DEFAULT_OUT, limit: nil, sort_by_total: false }
       run_parser(settings).order!(args) # stops at COMMAND, so its own options are left alone
       raise UsageError, "run: no COMMAND given (see strobe run --help)" if args.empty?
@@ -125,14 +128,17 @@ module Strobe
     # The child's environment: Strobe is loaded by RUBYOPT and configured by
     # STROBE_*; a nil value removes a variable inherited from our environment.
     def run_env(settings, out)
-      rubyopt = [ENV["RUBYOPT"], "-I#{LIB_DIR}", "-r#{AUTORUN}"].compact.reject(&:empty?).join(" ")
-      {
-        "RUBYOPT" => rubyopt,
+      ruby_env.merge(
         "STROBE_MODE" => settings[:mode],
         "STROBE_INTERVAL" => settings[:interval]&.to_s,
         "STROBE_RAW" => settings[:raw] ? "1" : "0",
         "STROBE_OUT" => out,
-      }
+      )
+    end
+
+    # RUBYOPT loading Strobe's autorun into every Ruby process.
+    def ruby_env
+      { "RUBYOPT" => [ENV["RUBYOPT"], "-I#{LIB_DIR}", "-r#{AUTORUN}"].compact.reject(&:empty?).join(" ") }
     end
 
     # Runs command with our stdio and returns its Process::Status, or an exit
@@ -193,6 +199,59 @@ module Strobe
       end
     end
 
+    # --- strobe serve --------------------------------------------------------
+
+    # Runs COMMAND in place of this process (exec), with every Ruby process
+    # it starts set up by RUBYOPT and STROBE_SERVE to profile itself and
+    # serve its profile (see Strobe::Serve); the first to bind the port
+    # serves. Returns only when COMMAND cannot be run.
+    public def serve_command(args)
+      settings = { mode: "wall", interval: nil, port: DEFAULT_PORT }
+      serve_parser(settings).order!(args)
+      raise UsageError, "serve: no COMMAND given (see strobe serve --help)" if args.empty?
+      unless MODES.include?(settings[:mode])
+        raise UsageError, "serve: invalid mode: #{settings[:mode]} (use one of #{MODES.join(', ')})"
+      end
+
+      begin
+        Options.new(mode: settings[:mode], interval: settings[:interval])
+      rescue ArgumentError => e
+        raise UsageError, "serve: #{e.message}"
+      end
+      raise UsageError, "cannot serve with a space in Strobe's directory (#{LIB_DIR})" if LIB_DIR.match?(/\s/)
+
+      env = ruby_env.merge("STROBE_MODE" => settings[:mode], "STROBE_INTERVAL" => settings[:interval]&.to_s,
+                           "STROBE_SERVE" => settings[:port].to_s, "STROBE_SIGNAL" => nil, "STROBE_OUT" => nil)
+      Process.exec(env, *args)
+    rescue SystemCallError => e
+      error "cannot run #{args.first}: #{system_reason(e)}"
+    end
+
+    def serve_parser(settings)
+      OptionParser.new do |parser|
+        parser.banner = "Usage: strobe serve [options] [--] COMMAND [ARGS...]"
+        parser.separator ""
+        parser.separator "Runs COMMAND (e.g. `ruby app.rb`) profiled by Strobe, and serves the profile collected so"
+        parser.separator "far on http://127.0.0.1:PORT/profile.json for the Firefox Profiler; the link to open is"
+        parser.separator "printed on stderr. When COMMAND's Ruby program ends, its profile stays served until Ctrl-C."
+        parser.separator ""
+        parser.separator "Options:"
+        parser.on("-m", "--mode MODE", "Sampling mode: #{MODES.join(', ')} (default: wall)") do |mode|
+          settings[:mode] = mode
+        end
+        parser.on("-i", "--interval N", Integer,
+                  "Sampling interval: microseconds, or allocations in object mode (default: 1000 / 1)") do |n|
+          settings[:interval] = n
+        end
+        parser.on("-p", "--port N", Integer, "Port on 127.0.0.1 (default: #{DEFAULT_PORT}; 0: any free port)") do |n|
+          raise OptionParser::InvalidArgument, "#{n} (must be from 0 to 65535)" unless n.between?(0, 65_535)
+
+          settings[:port] = n
+        end
+        common_options(parser)
+      end
+    end
+
     # --- strobe report -------------------------------------------------------
 
     # The report formats: option => [Report method, description].
@@ -207,6 +266,9 @@ module Strobe
       json: "The profile as stackprof-layout JSON",
       flamegraph: "A self-contained HTML flamegraph with zoom, search and a timeline (needs --raw)",
       sampling_prof: "SamplingProf's text format: runtime, call elements, counts, call graph (needs --raw)",
+      pprof: "pprof's gzipped profile.proto, for go tool pprof, Pyroscope or Grafana (needs --raw; binary: use -o)",
+      firefox: "Firefox Profiler JSON: a track per thread, open it at https://profiler.firefox.com (needs --raw)",
+      speedscope: "speedscope's JSON file format, a profile per thread (needs --raw)",
     }.freeze
 
     # stackprof's report flags, so that `stackprof FILE --FLAG` scripts work
@@ -219,7 +281,7 @@ module Strobe
       debug: "The profile Hash, pretty-printed",
     }.freeze
 
-    def report_command(args)
+    public def report_command(args)
       settings = { limit: nil, sort_by_total: false, thread: nil, format: nil, filters: {}, node_fraction: 0.005 }
       report_parser(settings).parse!(args)
       raise UsageError, "report: no FILE given (see strobe report --help)" if args.empty?
@@ -336,6 +398,10 @@ module Strobe
     end
 
     def render(report, io, format, arg, limit:, sort_by_total:, node_fraction:)
+      if format == :pprof && io.respond_to?(:tty?) && io.tty?
+        raise UsageError, "report: --pprof writes binary data: give -o FILE (e.g. -o profile.pb.gz) or redirect it"
+      end
+
       case format
       when :text then report.print_text(io, limit: limit, sort_by_total: sort_by_total)
       when :files then report.print_files(io, limit: limit, sort_by_total: sort_by_total)
@@ -368,7 +434,7 @@ module Strobe
 
       tmp = "#{path}.#{Process.pid}.tmp"
       begin
-        file = File.open(tmp, "w")
+        file = File.open(tmp, "wb")
       rescue SystemCallError => e
         return error("cannot write #{path}: #{system_reason(e)}")
       end
@@ -446,7 +512,8 @@ module Strobe
       when nil then @out.puts general_help
       when "run" then @out.puts run_parser({})
       when "report" then @out.puts report_parser({})
-      else raise UsageError, "unknown command: #{command} (commands: run, report)"
+      when "serve" then @out.puts serve_parser({})
+      else raise UsageError, "unknown command: #{command} (commands: run, report, serve)"
       end
       0
     end
@@ -461,7 +528,10 @@ module Strobe
           run [options] [--] COMMAND...   Profile COMMAND (e.g. `ruby app.rb`), write the profile
                                           (default: #{DEFAULT_OUT}) and print its report
           report [options] FILE...        Report on saved profiles: text, files, method, graphviz,
-                                          callgrind, stackcollapse, json or flamegraph
+                                          callgrind, stackcollapse, json, flamegraph, or exports
+                                          for pprof, the Firefox Profiler and speedscope
+          serve [options] [--] COMMAND... Profile COMMAND and serve the profile so far to the
+                                          Firefox Profiler (the link is printed)
           help [COMMAND]                  Show help for a command
 
         Options:

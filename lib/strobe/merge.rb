@@ -31,6 +31,7 @@ module Strobe
       maps = list.map { |r| merge_frames(r[:frames] || {}, merged[:frames], ids) }
       list.zip(maps).each { |r, map| add_edges_and_lines(r[:frames] || {}, merged[:frames], map) }
       merged[:threads] = merge_threads(list)
+      merge_span(list, merged)
       merge_raw(list, maps, merged) if list.all? { |r| r[:raw].is_a?(Array) }
       merged
     end
@@ -96,6 +97,7 @@ module Strobe
           raise ProfileError, "the states of thread #{id} are not a Hash" unless info[:states].nil? || info[:states].is_a?(Hash)
 
           target = threads[id] ||= { name: info[:name], samples: 0 }
+          target[:main] = true if info[:main]
           target[:samples] += ProfileFile.count(info[:samples], "a thread's samples")
           next unless info[:states]
 
@@ -103,6 +105,19 @@ module Strobe
           info[:states].each { |state, n| states[state] = states.fetch(state, 0) + ProfileFile.count(n, "a thread state's samples") }
         end
       end
+    end
+
+    # started_at: the earliest start; duration: from there to the latest end.
+    def merge_span(list, merged)
+      spans = list.map { |r| [r[:started_at], r[:duration]] }
+      unless spans.flatten.all?(Integer)
+        merged.delete(:started_at)
+        merged.delete(:duration)
+        return
+      end
+
+      merged[:started_at] = spans.map(&:first).min
+      merged[:duration] = spans.map(&:sum).max - merged[:started_at]
     end
 
     def merge_raw(list, maps, merged)

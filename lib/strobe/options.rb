@@ -9,8 +9,12 @@ module Strobe
   class Options
     MODES = %i[wall cpu object custom].freeze
     KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer scheduler].freeze
-    # File formats results can write (out:, format:).
-    FORMATS = %i[json sampling_prof].freeze
+    # File formats results can write (out:, format:): Strobe's own JSON,
+    # SamplingProf's text, pprof's profile.proto (gzipped), the Firefox
+    # Profiler's JSON and speedscope's JSON.
+    FORMATS = %i[json sampling_prof pprof firefox speedscope].freeze
+    # Formats built from the raw samples: raw: defaults to true with them.
+    RAW_FORMATS = %i[sampling_prof pprof firefox speedscope].freeze
     # :threads, Strobe's timer thread signalling each thread by its own
     # clock; :process, one process-wide timer (the thread it lands on).
     TIMERS = %i[threads process].freeze
@@ -34,15 +38,15 @@ module Strobe
 
       @mode = parse_mode(opts.fetch(:mode, :wall))
       @interval = parse_interval(opts[:interval])
-      @raw = parse_flag(:raw, opts.fetch(:raw, false))
+      @format = parse_format(opts.fetch(:format, :json))
+      @raw = parse_flag(:raw, opts[:raw].nil? ? RAW_FORMATS.include?(@format) : opts[:raw])
+      if RAW_FORMATS.include?(@format) && !@raw
+        raise ArgumentError, "format #{@format.inspect} needs raw: true (it is built from the raw samples)"
+      end
       @aggregate = parse_flag(:aggregate, opts.fetch(:aggregate, true))
       @ignore_gc = parse_flag(:ignore_gc, opts.fetch(:ignore_gc, false))
       @metadata = parse_metadata(opts[:metadata])
       @out = parse_out(opts[:out])
-      @format = parse_format(opts.fetch(:format, :json))
-      if @format == :sampling_prof && !@raw
-        raise ArgumentError, "format :sampling_prof needs raw: true (its call elements come from the raw stacks)"
-      end
       @on_result = opts[:on_result]
       unless @on_result.nil? || @on_result.respond_to?(:call)
         raise ArgumentError, "on_result must be a proc (given the result Hash), got #{@on_result.inspect}"
@@ -114,6 +118,7 @@ module Strobe
     end
 
     def parse_format(value)
+      value = value.to_sym if value.is_a?(String)
       return value if FORMATS.include?(value)
 
       raise ArgumentError, "format must be #{FORMATS.map(&:inspect).join(' or ')}, got #{value.inspect}"

@@ -36,37 +36,39 @@ module Strobe
       raise ProfileError, "#{what} is not a non-negative integer below 2**64: #{value.inspect[0, 40]}"
     end
 
-    # Writes result to target (a path, or an IO). A path is written
-    # atomically: a temporary file in the same directory, then a rename.
     # Whether path names a directory for profiles (it ends in "/" or is
     # one), rather than a file.
     def directory?(path)
       path.end_with?("/") || File.directory?(path)
     end
 
+    # The file name extension of each format.
+    EXTENSIONS = { json: ".json", sampling_prof: ".txt", pprof: ".pb.gz", firefox: ".firefox.json",
+                   speedscope: ".speedscope.json" }.freeze
+
     # A profile's file in directory dir, named by mode, process and time
     # (to the millisecond), with format's extension: what the middleware and
     # the signal toggle write.
     def path_in(dir, result, format = :json)
       stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
-      File.join(dir, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}#{format == :sampling_prof ? '.txt' : '.json'}")
+      File.join(dir, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}#{EXTENSIONS.fetch(format)}")
     end
 
-    # format: :json (Strobe's own) or :sampling_prof (SamplingProf's text).
+    # Writes result to target (a path, or an IO) in format (see
+    # Options::FORMATS): :json, Strobe's own (what Strobe.load reads back),
+    # or an export for another tool. A path is written atomically: a
+    # temporary file in the same directory, then a rename; gzipped when it
+    # ends in .gz, and always for :pprof (its format is gzipped protobuf).
     def write(result, target, format: :json)
       unless Options::FORMATS.include?(format)
         raise ArgumentError, "format must be #{Options::FORMATS.map(&:inspect).join(' or ')}, got #{format.inspect}"
       end
-
-      text = format == :json ? JSON.generate(encode(result)) : render(result, format)
-      return write_io(target, text) if target.respond_to?(:write)
+      return write_to(result, target, format, gzip: format == :pprof) if target.respond_to?(:write)
 
       path = target.respond_to?(:to_path) ? target.to_path : target.to_s
       tmp = "#{path}.#{Process.pid}.tmp"
       begin
-        File.open(tmp, "wb") do |file|
-          path.end_with?(".gz") ? Zlib::GzipWriter.wrap(file) { |gz| gz.write(text) } : file.write(text)
-        end
+        File.open(tmp, "wb") { |file| write_to(result, file, format, gzip: format == :pprof || path.end_with?(".gz")) }
         File.rename(tmp, path)
       ensure
         File.unlink(tmp) if File.exist?(tmp)
@@ -74,9 +76,45 @@ module Strobe
       path
     end
 
-    def render(result, format)
-      require_relative "sampling_prof"
-      SamplingProf.write(result, StringIO.new).string if format == :sampling_prof
+    # Writes result to io in format, through gzip when asked; the exporters
+    # (C) hand their output to io in chunks as they go. Returns io.
+    def write_to(result, io, format, gzip: false)
+      if gzip
+        Zlib::GzipWriter.wrap(KeepOpen.new(io)) { |gz| write_to(result, gz, format) }
+        return io
+      end
+
+      case format
+      when :json then io.write(JSON.generate(encode(result)))
+      when :sampling_prof
+        require_relative "sampling_prof"
+        SamplingProf.write(result, io)
+      else Native.public_send(:"export_#{format}", result, nil, io)
+      end
+      io.flush if io.respond_to?(:flush)
+      io
+    end
+
+    # Hands writes on to an IO, and closing it only flushes: a gzip stream
+    # finished over a caller's IO leaves that IO open.
+    class KeepOpen
+      def initialize(io)
+        @io = io
+      end
+
+      def write(data)
+        @io.write(data)
+      end
+
+      def flush
+        @io.flush if @io.respond_to?(:flush)
+        self
+      end
+
+      def close
+        flush
+        nil
+      end
     end
 
     # marshal: true also loads a Marshal dump (what stackprof writes); only
@@ -142,12 +180,6 @@ module Strobe
       raise ProfileError, "#{name}: gzip data is corrupt (#{e.message})"
     end
 
-    def write_io(io, json)
-      io.write(json)
-      io.flush if io.respond_to?(:flush)
-      io
-    end
-
     def encode(result)
       frames = result.fetch(:frames)
       frame_pos = frames.keys.each_with_index.to_h
@@ -167,6 +199,7 @@ module Strobe
 
     def encode_thread(id, info)
       out = { id: id, name: info[:name], samples: info[:samples] }
+      out[:main] = true if info[:main]
       out[:states] = info[:states] if info[:states]
       out
     end
@@ -235,6 +268,7 @@ module Strobe
       raise ProfileError, "#{name}: a thread's name is not a string" unless thread[:name].nil? || thread[:name].is_a?(String)
 
       info = { name: thread[:name], samples: count(thread[:samples], "#{name}: a thread's samples") }
+      info[:main] = true if thread[:main] == true
       states = thread[:states]
       if states
         unless states.is_a?(Hash) && states.all? { |k, v| THREAD_STATES.include?(k) && v.is_a?(Integer) && !v.negative? }

@@ -242,6 +242,27 @@ module Strobe
       io.write(Native.report_folded(@result, kept_ids))
     end
 
+    # pprof's profile.proto, gzipped, for `go tool pprof` (or Pyroscope,
+    # Grafana): a sample per distinct stack and thread, with its count and
+    # time (or allocations), labelled with its thread. Needs raw data.
+    def print_pprof(io = $stdout)
+      require "zlib"
+      Zlib::GzipWriter.wrap(ProfileFile::KeepOpen.new(io)) { |gz| Native.export_pprof(@result, kept_ids, gz) }
+      io
+    end
+
+    # The Firefox Profiler's processed-profile JSON: a track per thread,
+    # samples at their times, GC in a category of its own. Needs raw data.
+    def print_firefox(io = $stdout)
+      Native.export_firefox(@result, kept_ids, io)
+    end
+
+    # speedscope's JSON file format: a sampled profile per thread, in time
+    # order. Needs raw data.
+    def print_speedscope(io = $stdout)
+      Native.export_speedscope(@result, kept_ids, io)
+    end
+
     # The result as JSON, in stackprof's layout (what `stackprof --json`
     # writes).
     def print_json(io = $stdout)

@@ -1,0 +1,366 @@
+/*
+ * pprof.c - a result as pprof's profile.proto (uncompressed; the caller
+ * gzips it), with a protobuf encoder of its own.
+ *
+ * From the raw samples (samples.c): a Function per frame (name, file, first
+ * line), a Location per (frame, line) pair, and a Sample per distinct
+ * (stack, thread, GVL state), leaf first, with the samples' count and their
+ * time (interval x count, in nanoseconds: cpu or wall) or allocated objects,
+ * and labels naming the thread (and its state). Period, start time,
+ * duration and the profile's settings and metadata (as comments) go in the
+ * header. Strings are interned in a string table written last (protobuf
+ * fields may come in any order).
+ *
+ * Top-level fields stream into the output (report.h's out_t, flushed to a
+ * sink in chunks); each nested message is built in a scratch buffer first,
+ * since its length prefix comes before it.
+ *
+ * GVL held; not signal-safe.
+ */
+#include "report.h"
+#include <stdlib.h>
+
+/* profile.proto field numbers */
+enum {
+    PROFILE_SAMPLE_TYPE = 1, PROFILE_SAMPLE = 2, PROFILE_LOCATION = 4, PROFILE_FUNCTION = 5,
+    PROFILE_STRING_TABLE = 6, PROFILE_TIME_NANOS = 9, PROFILE_DURATION_NANOS = 10,
+    PROFILE_PERIOD_TYPE = 11, PROFILE_PERIOD = 12, PROFILE_COMMENT = 13, PROFILE_DEFAULT_SAMPLE_TYPE = 14,
+    VALUE_TYPE_TYPE = 1, VALUE_TYPE_UNIT = 2,
+    SAMPLE_LOCATION_ID = 1, SAMPLE_VALUE = 2, SAMPLE_LABEL = 3,
+    LABEL_KEY = 1, LABEL_STR = 2, LABEL_NUM = 3,
+    LOCATION_ID = 1, LOCATION_LINE = 4,
+    LINE_FUNCTION_ID = 1, LINE_LINE = 2,
+    FUNCTION_ID = 1, FUNCTION_NAME = 2, FUNCTION_FILENAME = 4, FUNCTION_START_LINE = 5,
+};
+enum { WIRE_VARINT = 0, WIRE_LEN = 2 };
+
+/* A message being built, in a buffer the report frees (*slot). */
+typedef struct {
+    uint8_t *buf;
+    size_t len, capa;
+    void **slot;
+} pb_t;
+
+static void
+pb_reserve(pb_t *m, size_t more)
+{
+    if (m->len + more <= m->capa) return;
+    size_t capa = m->capa ? m->capa : 256;
+    while (capa < m->len + more) capa *= 2;
+    uint8_t *p = xrealloc(m->buf, capa);
+    m->buf = p;
+    *m->slot = p;
+    m->capa = capa;
+}
+
+/* v as a varint into p (10 bytes at most); returns its length. */
+static inline size_t
+varint_to(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+static inline void
+pb_varint(pb_t *m, uint64_t v)
+{
+    pb_reserve(m, 10);
+    m->len += varint_to(m->buf + m->len, v);
+}
+
+static inline void
+pb_key(pb_t *m, int field, int wire)
+{
+    pb_varint(m, (uint64_t)field << 3 | (uint64_t)wire);
+}
+
+/* An integer field; zero is the default and is left out. */
+static inline void
+pb_int(pb_t *m, int field, int64_t v)
+{
+    if (!v) return;
+    pb_key(m, field, WIRE_VARINT);
+    pb_varint(m, (uint64_t)v);
+}
+
+static void
+pb_bytes(pb_t *m, int field, const void *bytes, size_t n)
+{
+    pb_key(m, field, WIRE_LEN);
+    pb_varint(m, n);
+    pb_reserve(m, n);
+    if (n) memcpy(m->buf + m->len, bytes, n);
+    m->len += n;
+}
+
+/* m as field of the enclosing message (or the profile, in out); m empties. */
+static void
+pb_nested(pb_t *outer, int field, pb_t *m)
+{
+    pb_bytes(outer, field, m->buf, m->len);
+    m->len = 0;
+}
+
+static void
+out_field(out_t *o, int field, int wire, const void *bytes, size_t n)
+{
+    uint8_t head[20];
+    size_t h = varint_to(head, (uint64_t)field << 3 | (uint64_t)wire);
+    if (wire == WIRE_LEN) h += varint_to(head + h, n);
+    out_mem(o, (const char *)head, h);
+    out_mem(o, bytes, n);
+}
+
+static void
+out_message(out_t *o, int field, pb_t *m)
+{
+    out_field(o, field, WIRE_LEN, m->buf, m->len);
+    m->len = 0;
+}
+
+static void
+out_int(out_t *o, int field, int64_t v)
+{
+    if (!v) return;
+    uint8_t b[10];
+    out_field(o, field, WIRE_VARINT, b, varint_to(b, (uint64_t)v));
+}
+
+typedef struct {
+    report_t *r;
+    strobe_samples_t *s;
+    VALUE strings;           /* String -> index */
+    VALUE string_list;       /* Array, in index order */
+    pb_t msg, inner, packed; /* scratch */
+} pprof_t;
+
+static int64_t
+intern(pprof_t *p, VALUE str)
+{
+    if (!RB_TYPE_P(str, T_STRING)) str = NIL_P(str) ? rb_str_new(0, 0) : rb_obj_as_string(str);
+    VALUE at = rb_hash_lookup2(p->strings, str, Qundef);
+    if (at != Qundef) return FIX2LONG(at);
+    long n = RARRAY_LEN(p->string_list);
+    rb_hash_aset(p->strings, str, LONG2FIX(n));
+    rb_ary_push(p->string_list, str);
+    return n;
+}
+
+static int64_t
+intern_c(pprof_t *p, const char *s)
+{
+    return intern(p, rb_str_new_cstr(s));
+}
+
+static void
+value_type(pprof_t *p, out_t *o, int field, const char *type, const char *unit)
+{
+    int64_t t = intern_c(p, type), u = intern_c(p, unit);
+    pb_int(&p->msg, VALUE_TYPE_TYPE, t);
+    pb_int(&p->msg, VALUE_TYPE_UNIT, u);
+    out_message(o, field, &p->msg);
+}
+
+static void
+label(pprof_t *p, int64_t key, int64_t str, int64_t num)
+{
+    pb_int(&p->inner, LABEL_KEY, key);
+    pb_int(&p->inner, LABEL_STR, str);
+    pb_int(&p->inner, LABEL_NUM, num);
+    pb_nested(&p->msg, SAMPLE_LABEL, &p->inner);
+}
+
+static long
+long_key(VALUE result, const char *name)
+{
+    VALUE v = rb_hash_lookup2(result, strobe_sym(name), Qnil);
+    return FIXNUM_P(v) ? FIX2LONG(v) : 0;
+}
+
+/* Functions for the frames seen; a Location per (frame, line) pair, its id
+ * kept per node in loc (ids from 1). */
+static uint32_t *
+write_locations(pprof_t *p, out_t *o)
+{
+    strobe_samples_t *s = p->s;
+    for (uint32_t f = 0; f < s->table.frames_len; f++) {
+        const rframe_t *fr = &p->r->frames[s->frame_pos[f]];
+        int64_t name = intern(p, fr->name);
+        pb_int(&p->msg, FUNCTION_ID, f + 1);
+        pb_int(&p->msg, FUNCTION_NAME, name);
+        /* No system_name: pprof takes a Function whose system_name
+         * equals its name for undemangled C++ and strips "<...>" from it
+         * ("block in <main>" would read "block in "). */
+        pb_int(&p->msg, FUNCTION_FILENAME, intern(p, fr->file));
+        pb_int(&p->msg, FUNCTION_START_LINE, fr->line > 0 ? fr->line : 0);
+        out_message(o, PROFILE_FUNCTION, &p->msg);
+    }
+    uint32_t *loc = ZALLOC_N(uint32_t, s->table.nodes_len);
+    p->r->scratch[0] = loc;
+    st_table *ids = st_init_numtable();
+    uint32_t next = 1;
+    for (uint32_t n = 1; n < s->table.nodes_len; n++) {
+        const strobe_node_t *node = &s->table.nodes[n];
+        st_data_t k = (st_data_t)((uint64_t)node->frame << 32 | (uint32_t)node->line), id;
+        if (st_lookup(ids, k, &id)) { loc[n] = (uint32_t)id; continue; }
+        loc[n] = next;
+        st_insert(ids, k, next);
+        pb_int(&p->inner, LINE_FUNCTION_ID, node->frame + 1);
+        pb_int(&p->inner, LINE_LINE, node->line);
+        pb_int(&p->msg, LOCATION_ID, next);
+        pb_nested(&p->msg, LOCATION_LINE, &p->inner);
+        out_message(o, PROFILE_LOCATION, &p->msg);
+        next++;
+    }
+    st_free_table(ids);
+    return loc;
+}
+
+/* One Sample per distinct (node, thread, state), in order of first sight. */
+static void
+write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per_sample)
+{
+    strobe_samples_t *s = p->s;
+    st_table *seen = st_init_numtable();
+    uint64_t *keys = ALLOC_N(uint64_t, s->n ? s->n : 1);
+    p->r->scratch[1] = keys;
+    uint64_t *counts = ZALLOC_N(uint64_t, s->n ? s->n : 1);
+    p->r->scratch[2] = counts;
+    size_t distinct = 0;
+    uint64_t last = UINT64_MAX;
+    st_data_t at = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        uint64_t k = (uint64_t)s->node[i] | (uint64_t)(s->thread ? s->thread[i] : 0) << 32 |
+                     (uint64_t)(s->state ? s->state[i] : 0) << 60;
+        if (k != last) {
+            if (!st_lookup(seen, (st_data_t)k, &at)) {
+                at = distinct;
+                keys[distinct++] = k;
+                st_insert(seen, (st_data_t)k, at);
+            }
+            last = k;
+        }
+        counts[at]++;
+    }
+    st_free_table(seen);
+
+    long threads = RARRAY_LEN(s->thread_ids);
+    int64_t *thread_label = ALLOC_N(int64_t, threads);
+    p->r->scratch[3] = thread_label;
+    for (long t = 0; t < threads; t++) thread_label[t] = intern(p, strobe_samples_thread_name(s, p->r->result, t, NULL));
+    int64_t key_thread = intern_c(p, "thread"), key_thread_id = intern_c(p, "thread_id"), key_state = intern_c(p, "state");
+    int64_t state_str[STROBE_STATES] = { 0 };
+    for (int st = 1; st < STROBE_STATES; st++) state_str[st] = intern(p, rb_sym2str(strobe_state_sym(st)));
+
+    for (size_t d = 0; d < distinct; d++) {
+        uint64_t k = keys[d];
+        uint32_t node = (uint32_t)k, thread = (uint32_t)(k >> 32 & 0xfffffff);
+        int state = (int)(k >> 60);
+        for (uint32_t n = node; n; n = s->table.nodes[n].parent) pb_varint(&p->packed, loc[n]);
+        pb_nested(&p->msg, SAMPLE_LOCATION_ID, &p->packed);
+        pb_varint(&p->packed, counts[d]);
+        if (values > 1) pb_varint(&p->packed, counts[d] * (uint64_t)per_sample);
+        pb_nested(&p->msg, SAMPLE_VALUE, &p->packed);
+        VALUE id = RARRAY_AREF(s->thread_ids, thread);
+        label(p, key_thread, thread_label[thread], 0);
+        if (FIXNUM_P(id)) label(p, key_thread_id, 0, FIX2LONG(id));
+        if (state) label(p, key_state, state_str[state], 0);
+        out_message(o, PROFILE_SAMPLE, &p->msg);
+    }
+}
+
+static void
+comment(pprof_t *p, out_t *o, VALUE text)
+{
+    out_int(o, PROFILE_COMMENT, intern(p, text));
+}
+
+static int
+metadata_comment(VALUE k, VALUE v, VALUE arg)
+{
+    void **a = (void **)arg;
+    comment(a[0], a[1], rb_sprintf("%"PRIsVALUE": %"PRIsVALUE, k, v));
+    return ST_CONTINUE;
+}
+
+typedef struct {
+    report_t *r;
+    VALUE result, keep, sink;
+} pprof_args_t;
+
+static VALUE
+pprof_body(VALUE arg)
+{
+    pprof_args_t *a = (pprof_args_t *)arg;
+    report_t *r = a->r;
+    strobe_report_load(r, a->result, a->keep, 1);
+    pprof_t p = { .r = r, .msg.slot = &r->scratch[4], .inner.slot = &r->scratch[5], .packed.slot = &r->scratch[6] };
+    p.s = strobe_samples_read(r, "pprof output");
+    p.strings = rb_hash_new();
+    p.string_list = rb_ary_new();
+    intern_c(&p, ""); /* string 0 */
+    out_t *o = &r->out;
+    o->sink = NIL_P(a->sink) ? 0 : a->sink;
+
+    VALUE mode = rb_hash_lookup2(a->result, strobe_sym("mode"), Qnil);
+    const char *kind = mode == strobe_sym("cpu") ? "cpu" : mode == strobe_sym("wall") ? "wall"
+                     : mode == strobe_sym("object") ? "objects" : NULL;
+    long interval = long_key(a->result, "interval");
+    int timed = kind && kind[0] != 'o';
+    int64_t per_sample = timed ? (int64_t)interval * 1000 : interval; /* ns, or objects */
+    int values = kind && interval > 0 ? 2 : 1;
+
+    value_type(&p, o, PROFILE_SAMPLE_TYPE, "samples", "count");
+    if (values > 1) {
+        value_type(&p, o, PROFILE_SAMPLE_TYPE, kind, timed ? "nanoseconds" : "count");
+        value_type(&p, o, PROFILE_PERIOD_TYPE, kind, timed ? "nanoseconds" : "count");
+        out_int(o, PROFILE_PERIOD, per_sample);
+    }
+    uint32_t *loc = write_locations(&p, o);
+    write_samples(&p, o, loc, values, per_sample);
+
+    long started = long_key(a->result, "started_at"), duration = long_key(a->result, "duration");
+    if (!duration && p.s->time && p.s->n) duration = (long)(p.s->time[p.s->n - 1] - p.s->start_us);
+    out_int(o, PROFILE_TIME_NANOS, (int64_t)started * 1000);
+    out_int(o, PROFILE_DURATION_NANOS, (int64_t)duration * 1000);
+    comment(&p, o, rb_sprintf("strobe: mode %"PRIsVALUE", interval %ld, %"PRIsVALUE" samples, %"PRIsVALUE" gc, %"PRIsVALUE" missed",
+                              mode, interval, rb_hash_lookup2(a->result, strobe_sym("samples"), Qnil),
+                              rb_hash_lookup2(a->result, strobe_sym("gc_samples"), Qnil),
+                              rb_hash_lookup2(a->result, strobe_sym("missed_samples"), Qnil)));
+    VALUE metadata = rb_hash_lookup2(a->result, strobe_sym("metadata"), Qnil);
+    if (RB_TYPE_P(metadata, T_HASH)) {
+        void *ctx[2] = { &p, o };
+        rb_hash_foreach(metadata, metadata_comment, (VALUE)ctx);
+    }
+    if (values > 1) out_int(o, PROFILE_DEFAULT_SAMPLE_TYPE, intern_c(&p, kind));
+
+    for (long i = 0; i < RARRAY_LEN(p.string_list); i++) {
+        VALUE str = RARRAY_AREF(p.string_list, i);
+        out_field(o, PROFILE_STRING_TABLE, WIRE_LEN, RSTRING_PTR(str), (size_t)RSTRING_LEN(str));
+    }
+    RB_GC_GUARD(p.strings);
+    RB_GC_GUARD(p.string_list);
+    VALUE done = out_finish(o);
+    if (RB_TYPE_P(done, T_STRING)) rb_enc_associate(done, rb_ascii8bit_encoding());
+    return done;
+}
+
+/* Strobe::Native.export_pprof(result, keep, sink) -> the profile.proto bytes
+ * (binary String), or sink (an IO) after writing them to it. */
+static VALUE
+native_export_pprof(VALUE self, VALUE result, VALUE keep, VALUE sink)
+{
+    pprof_args_t a = { NULL, result, keep, sink };
+    return strobe_report_run(pprof_body, &a, &a.r);
+}
+
+void
+strobe_pprof_define(VALUE mNative)
+{
+    rb_define_singleton_method(mNative, "export_pprof", native_export_pprof, 3);
+}

@@ -1,0 +1,244 @@
+/*
+ * samples.c - a result's raw samples read into C for the exporters
+ * (pprof.c, firefox.c, speedscope.c).
+ *
+ * stackprof's raw arrays list each run of identical stacks as
+ * [depth, frame ids root first..., count] (raw_lines alongside); the
+ * per-sample arrays hold a time, a thread id and a GVL state per sample.
+ * strobe_samples_read interns every stack into a stack table (nodes of
+ * parent, frame id, line, through its child cache) and keeps per sample the
+ * leaf node, its time, its thread's position in the result's threads and
+ * its state. Frames the report's filter drops are left out of the stacks
+ * (their samples go to the nearest kept caller). Every id, count and length is checked: a malformed result
+ * raises Strobe::ProfileError, never reads out of bounds.
+ *
+ * GVL held; not signal-safe. Linear in the raw arrays.
+ */
+#include "report.h"
+#include <stdlib.h>
+
+static VALUE
+key(VALUE hash, const char *name)
+{
+    return rb_hash_lookup2(hash, strobe_sym(name), Qnil);
+}
+
+static VALUE
+optional_array(VALUE hash, const char *name)
+{
+    VALUE v = key(hash, name);
+    if (NIL_P(v)) return Qnil;
+    if (!RB_TYPE_P(v, T_ARRAY)) CORRUPT("%s is not an Array", name);
+    return v;
+}
+
+static void *
+alloc_n(size_t n, size_t size)
+{
+    void *p = malloc((n ? n : 1) * size);
+    if (!p) rb_memerror();
+    return p;
+}
+
+void
+strobe_samples_free(strobe_samples_t *s)
+{
+    if (s->table_ready) strobe_stack_table_free(&s->table);
+    free(s->frame_pos);
+    free(s->node);
+    free(s->time);
+    free(s->thread);
+    free(s->state);
+    free(s);
+}
+
+/* The samples raw describes, checked against the per-sample arrays' length
+ * (limit, or any number when there are none). */
+static size_t
+count_raw_samples(VALUE raw, long limit)
+{
+    long len = RARRAY_LEN(raw), total = 0;
+    for (long i = 0; i < len;) {
+        long depth = strobe_fixnum_at(raw, i, "raw");
+        /* Written so that no huge value can overflow the checks. */
+        if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
+        long count = strobe_fixnum_at(raw, i + depth + 1, "raw");
+        if (count < 0 || count > limit - total)
+            CORRUPT("raw has %ld samples at index %ld, more than its per-sample arrays hold", count, i);
+        total += count;
+        i += depth + 2;
+    }
+    return (size_t)total;
+}
+
+static void
+read_threads(strobe_samples_t *s, VALUE result, VALUE sample_threads)
+{
+    VALUE threads = key(result, "threads");
+    if (!NIL_P(threads) && !RB_TYPE_P(threads, T_HASH)) CORRUPT("threads is not a Hash");
+    s->thread_ids = NIL_P(threads) ? rb_ary_new() : rb_funcall(threads, rb_intern("keys"), 0);
+    if (NIL_P(sample_threads)) {
+        if (RARRAY_LEN(s->thread_ids) == 0) rb_ary_push(s->thread_ids, Qnil); /* one unnamed thread */
+        return;
+    }
+    if ((size_t)RARRAY_LEN(sample_threads) != s->n)
+        CORRUPT("raw_sample_threads has %ld entries for %zu samples", RARRAY_LEN(sample_threads), s->n);
+    st_table *pos = st_init_numtable();
+    for (long k = 0; k < RARRAY_LEN(s->thread_ids); k++) {
+        VALUE id = RARRAY_AREF(s->thread_ids, k);
+        if (!FIXNUM_P(id)) { st_free_table(pos); CORRUPT("thread id %+"PRIsVALUE" is not an integer", id); }
+        st_insert(pos, (st_data_t)id, (st_data_t)k);
+    }
+    s->thread = alloc_n(s->n, sizeof(uint32_t));
+    VALUE last = Qundef;
+    st_data_t at = 0;
+    for (size_t k = 0; k < s->n; k++) {
+        VALUE id = RARRAY_AREF(sample_threads, (long)k);
+        if (id != last && !st_lookup(pos, (st_data_t)id, &at)) {
+            st_free_table(pos);
+            CORRUPT("raw_sample_threads[%zu] is %+"PRIsVALUE", not a thread of the profile", k, id);
+        }
+        last = id;
+        s->thread[k] = (uint32_t)at;
+    }
+    st_free_table(pos);
+    if (RARRAY_LEN(s->thread_ids) == 0) rb_ary_push(s->thread_ids, Qnil);
+}
+
+/* Times from raw_sample_timestamps; a result that has only
+ * raw_timestamp_deltas (older stackprof) gets them added up from 0. */
+static void
+read_times(strobe_samples_t *s, VALUE stamps, VALUE deltas)
+{
+    if (!NIL_P(stamps) && (size_t)RARRAY_LEN(stamps) != s->n)
+        CORRUPT("raw_sample_timestamps has %ld entries for %zu samples", RARRAY_LEN(stamps), s->n);
+    if (!NIL_P(deltas) && (size_t)RARRAY_LEN(deltas) != s->n) {
+        if (NIL_P(stamps)) CORRUPT("raw_timestamp_deltas has %ld entries for %zu samples", RARRAY_LEN(deltas), s->n);
+        deltas = Qnil; /* only a hint at the start */
+    }
+    if (NIL_P(stamps) && NIL_P(deltas)) return;
+    s->time = alloc_n(s->n, sizeof(int64_t));
+    if (NIL_P(stamps)) {
+        int64_t t = 0;
+        for (size_t k = 0; k < s->n; k++) {
+            long d = strobe_fixnum_at(deltas, (long)k, "raw_timestamp_deltas");
+            if (d < 0 || __builtin_add_overflow(t, d, &t)) CORRUPT("raw_timestamp_deltas[%zu] is out of range", k);
+            s->time[k] = t;
+        }
+        return;
+    }
+    /* In the order samples were recorded: per thread, and across threads,
+     * nearly but not strictly by time. */
+    for (size_t k = 0; k < s->n; k++) s->time[k] = strobe_fixnum_at(stamps, (long)k, "raw_sample_timestamps");
+    s->start_us = s->n ? s->time[0] : 0;
+    if (s->n && !NIL_P(deltas)) {
+        long first = strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas");
+        if (first >= 0 && first <= s->time[0]) s->start_us = s->time[0] - first;
+    }
+}
+
+static void
+read_states(strobe_samples_t *s, VALUE states)
+{
+    if (NIL_P(states)) return;
+    if ((size_t)RARRAY_LEN(states) != s->n)
+        CORRUPT("raw_sample_states has %ld entries for %zu samples", RARRAY_LEN(states), s->n);
+    s->state = alloc_n(s->n, 1);
+    for (size_t k = 0; k < s->n; k++) {
+        VALUE sym = RARRAY_AREF(states, (long)k);
+        int state = NIL_P(sym) ? STROBE_STATE_UNKNOWN : strobe_state_of(sym);
+        if (state < 0) CORRUPT("raw_sample_states[%zu] is not a thread state", k);
+        s->state[k] = (uint8_t)state;
+    }
+}
+
+strobe_samples_t *
+strobe_samples_read(report_t *r, const char *what)
+{
+    VALUE result = r->result;
+    VALUE raw = optional_array(result, "raw");
+    if (NIL_P(raw)) CORRUPT("%s needs raw samples: profile with raw: true (strobe run --raw)", what);
+    VALUE raw_lines = optional_array(result, "raw_lines");
+    VALUE stamps = optional_array(result, "raw_sample_timestamps");
+    VALUE sample_threads = optional_array(result, "raw_sample_threads");
+    if (!NIL_P(raw_lines) && RARRAY_LEN(raw_lines) != RARRAY_LEN(raw)) CORRUPT("raw_lines does not match raw");
+
+    strobe_samples_t *s = calloc(1, sizeof(*s));
+    if (!s) rb_memerror();
+    s->thread_ids = Qnil;
+    r->samples_read = s; /* freed with the report from here on */
+    long limit = !NIL_P(stamps) ? RARRAY_LEN(stamps) : !NIL_P(sample_threads) ? RARRAY_LEN(sample_threads) : LONG_MAX;
+    s->n = count_raw_samples(raw, limit);
+    if (s->n > UINT32_MAX) CORRUPT("too many samples");
+
+    strobe_stack_table_init(&s->table);
+    s->table_ready = 1;
+    s->node = alloc_n(s->n, sizeof(uint32_t));
+    long len = RARRAY_LEN(raw);
+    size_t at = 0;
+    int filtered = !NIL_P(r->keep);
+    for (long i = 0; i < len;) {
+        long depth = FIX2LONG(RARRAY_AREF(raw, i)); /* checked by count_raw_samples */
+        uint32_t node = 0;
+        for (long k = i + 1; k <= i + depth; k++) {
+            VALUE id = RARRAY_AREF(raw, k);
+            if (!FIXNUM_P(id)) CORRUPT("raw[%ld] is not a frame id", k);
+            /* A frame the filter drops is left out: its samples go to
+             * its nearest kept caller. */
+            if (filtered && strobe_report_frame_pos(r, id, 0) < 0) continue;
+            long line = NIL_P(raw_lines) ? 0 : strobe_fixnum_at(raw_lines, k, "raw_lines");
+            if (line < INT32_MIN || line > INT32_MAX) CORRUPT("raw_lines[%ld] is out of range", k);
+            node = strobe_stack_table_child(&s->table, node, id, (int32_t)line);
+        }
+        long count = FIX2LONG(RARRAY_AREF(raw, i + depth + 1));
+        for (long c = 0; c < count; c++) s->node[at++] = node;
+        i += depth + 2;
+    }
+    /* Each frame id seen, checked once against the result's frames. */
+    s->frame_pos = alloc_n(s->table.frames_len, sizeof(long));
+    for (uint32_t f = 0; f < s->table.frames_len; f++)
+        s->frame_pos[f] = strobe_report_frame_pos(r, s->table.frames[f].value, 0);
+
+    read_times(s, stamps, optional_array(result, "raw_timestamp_deltas"));
+    read_threads(s, result, sample_threads);
+    read_states(s, optional_array(result, "raw_sample_states"));
+    return s;
+}
+
+VALUE
+strobe_samples_thread_name(const strobe_samples_t *s, VALUE result, long t, int *is_main)
+{
+    VALUE id = RARRAY_AREF(s->thread_ids, t);
+    VALUE threads = rb_hash_lookup2(result, strobe_sym("threads"), Qnil);
+    VALUE info = RB_TYPE_P(threads, T_HASH) ? rb_hash_lookup2(threads, id, Qnil) : Qnil;
+    VALUE name = RB_TYPE_P(info, T_HASH) ? rb_hash_lookup2(info, strobe_sym("name"), Qnil) : Qnil;
+    int main = NIL_P(id) || (RB_TYPE_P(info, T_HASH) && rb_hash_lookup2(info, strobe_sym("main"), Qnil) == Qtrue);
+    if (is_main) *is_main = main;
+    if (RB_TYPE_P(name, T_STRING) && RSTRING_LEN(name)) return name;
+    return main ? rb_str_new_cstr("main") : rb_sprintf("thread %+"PRIsVALUE, id);
+}
+
+size_t *
+strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts)
+{
+    long threads = RARRAY_LEN(s->thread_ids);
+    size_t *order = r->scratch[3] = ALLOC_N(size_t, s->n ? s->n : 1);
+    size_t *start = r->scratch[4] = ZALLOC_N(size_t, (size_t)threads + 1);
+    size_t *fill = r->scratch[5] = ALLOC_N(size_t, (size_t)threads);
+    /* A counting sort by thread, keeping each thread's samples in order. */
+    for (size_t k = 0; k < s->n; k++) start[(s->thread ? s->thread[k] : 0) + 1]++;
+    for (long t = 0; t < threads; t++) start[t + 1] += start[t];
+    for (long t = 0; t < threads; t++) fill[t] = start[t];
+    for (size_t k = 0; k < s->n; k++) order[fill[s->thread ? s->thread[k] : 0]++] = k;
+    /* Then by time within each thread (stable; recorded nearly in order,
+     * so usually nothing moves). */
+    if (s->time)
+        for (long t = 0; t < threads; t++)
+            for (size_t i = start[t] + 1; i < start[t + 1]; i++) {
+                size_t v = order[i], j = i;
+                while (j > start[t] && s->time[order[j - 1]] > s->time[v]) { order[j] = order[j - 1]; j--; }
+                order[j] = v;
+            }
+    *starts = start;
+    return order;
+}
