@@ -15,7 +15,13 @@
 module ReportData
   module_function
 
-  def build(samples: 1_000_000, frames: 5_000, files: 400, stacks: 20_000, seed: 1)
+  # lines: :random gives every frame of every raw entry a line of its own
+  # (within 20 of the method's first line), so nearly every (frame, line)
+  # stack node is new: the worst case for anything that keeps lines.
+  # :call_sites is what a program does: a caller's line is the line of its
+  # call to the next frame (fixed per caller and callee), and only the
+  # leaf's line varies.
+  def build(samples: 1_000_000, frames: 5_000, files: 400, stacks: 20_000, seed: 1, lines: :random)
     rng = Random.new(seed)
     frame_ids = Array.new(frames) { |i| 10_000 + i * 8 }
     files_list = Array.new(files) { |i| "/app/lib/component_#{i % 40}/file_#{i}.rb" }
@@ -54,9 +60,11 @@ module ReportData
       run = [1 + rng.rand(20), remaining].min
       raw << current.size
       raw_lines << current.size
-      current.each do |f|
+      current.each_with_index do |f, level|
         raw << frame_ids[f]
-        raw_lines << frame_table[frame_ids[f]][:line] + rng.rand(20)
+        first = frame_table[frame_ids[f]][:line]
+        callee = current[level + 1]
+        raw_lines << (lines == :random || callee.nil? ? first + rng.rand(20) : first + (f * 31 + callee) % 20)
       end
       raw << run
       raw_lines << run

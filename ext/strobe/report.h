@@ -30,6 +30,10 @@ typedef struct {
     uint8_t *state;          /* per sample: STROBE_STATE_*; NULL where the result has none */
     int64_t start_us;        /* when profiling started, on the clock of time (or the first time) */
     VALUE thread_ids;        /* Array: the result's thread ids, in its order (at least one entry) */
+    /* while reading: the previous raw entry (see strobe_samples_read) */
+    VALUE *prev_ids;
+    int32_t *prev_lines;
+    uint32_t *path;
 } strobe_samples_t;
 
 /* Output written straight into a Ruby String's buffer (str, created on

@@ -49,6 +49,9 @@ strobe_samples_free(strobe_samples_t *s)
     free(s->time);
     free(s->thread);
     free(s->state);
+    xfree(s->prev_ids);
+    xfree(s->prev_lines);
+    xfree(s->path);
     free(s);
 }
 
@@ -177,19 +180,47 @@ strobe_samples_read(report_t *r, const char *what)
     long len = RARRAY_LEN(raw);
     size_t at = 0;
     int filtered = !NIL_P(r->keep);
+    /* The previous entry's frames and lines and the node after each level
+     * (path[0]: the root): an entry reuses the part it shares with the one
+     * before, as runs of stacks mostly change near the leaf. Unfiltered
+     * only (a filter's dropped frames are not in the path). */
+    long prev_depth = 0, capa = 0;
     for (long i = 0; i < len;) {
         long depth = FIX2LONG(RARRAY_AREF(raw, i)); /* checked by count_raw_samples */
-        uint32_t node = 0;
-        for (long k = i + 1; k <= i + depth; k++) {
+        if (depth > capa) {
+            capa = depth * 2;
+            REALLOC_N(s->prev_ids, VALUE, capa);
+            REALLOC_N(s->prev_lines, int32_t, capa);
+            REALLOC_N(s->path, uint32_t, capa + 1);
+            s->path[0] = 0;
+        }
+        long level = 0;
+        if (!filtered) {
+            const VALUE *ids = RARRAY_CONST_PTR(raw) + i + 1;
+            const VALUE *line_vals = NIL_P(raw_lines) ? NULL : RARRAY_CONST_PTR(raw_lines) + i + 1;
+            long same = depth < prev_depth ? depth : prev_depth;
+            while (level < same && ids[level] == s->prev_ids[level] &&
+                   (!line_vals || line_vals[level] == INT2FIX(s->prev_lines[level])))
+                level++;
+        }
+        uint32_t node = filtered ? 0 : s->path[level];
+        for (long k = i + 1 + level; k <= i + depth; k++) {
             VALUE id = RARRAY_AREF(raw, k);
             if (!FIXNUM_P(id)) CORRUPT("raw[%ld] is not a frame id", k);
+            long line = NIL_P(raw_lines) ? 0 : strobe_fixnum_at(raw_lines, k, "raw_lines");
+            if (line < INT32_MIN || line > INT32_MAX) CORRUPT("raw_lines[%ld] is out of range", k);
             /* A frame the filter drops is left out: its samples go to
              * its nearest kept caller. */
             if (filtered && strobe_report_frame_pos(r, id, 0) < 0) continue;
-            long line = NIL_P(raw_lines) ? 0 : strobe_fixnum_at(raw_lines, k, "raw_lines");
-            if (line < INT32_MIN || line > INT32_MAX) CORRUPT("raw_lines[%ld] is out of range", k);
             node = strobe_stack_table_child(&s->table, node, id, (int32_t)line);
+            if (!filtered) {
+                long d = k - i - 1;
+                s->prev_ids[d] = id;
+                s->prev_lines[d] = (int32_t)line;
+                s->path[d + 1] = node;
+            }
         }
+        prev_depth = depth;
         long count = FIX2LONG(RARRAY_AREF(raw, i + depth + 1));
         for (long c = 0; c < count; c++) s->node[at++] = node;
         i += depth + 2;
