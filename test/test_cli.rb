@@ -280,6 +280,19 @@ class TestAutorun < Minitest::Test
     end
   end
 
+  # An export named by STROBE_FORMAT keeps raw samples without STROBE_RAW;
+  # STROBE_RAW=0 with it is refused, in one line, the program left alone.
+  def test_export_formats_turn_raw_on
+    code = "t = Thread.new { sleep 0.05 }; t.name = 'napper'; t.join"
+    _, err, status = run_command(autorun_env(format: "speedscope", out: path("p.speedscope.json")), RbConfig.ruby, "-e", code)
+    assert status.success?, err
+    doc = JSON.parse(File.read(path("p.speedscope.json")))
+    assert_includes doc["profiles"].map { |p| p["name"] }, "napper"
+    out, err, status = run_command(autorun_env(format: "pprof", raw: "0"), RbConfig.ruby, "-e", "puts :ran")
+    assert_equal ["ran\n", true], [out, status.success?]
+    assert_one_error_line err, /format :pprof needs raw: true/
+  end
+
   def test_only_the_process_that_started_writes_the_profile
     code = <<~RUBY
       pid = fork { Strobe.sample }

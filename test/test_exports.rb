@@ -327,6 +327,22 @@ class TestExports < Minitest::Test
     end
   end
 
+  # A profile with raw: true but no samples has no raw arrays (as with
+  # stackprof): each export is then a valid, empty file.
+  def test_exports_of_a_profile_without_samples
+    result = Strobe.run(mode: :custom, raw: true) { nil }
+    assert_equal 0, result[:samples]
+    assert_empty pprof(result)[:samples]
+    doc = firefox(result)
+    assert_firefox_invariants(doc)
+    assert_equal 0, doc["threads"].sum { |t| t["samples"]["length"] }
+    profiles = speedscope(result)["profiles"]
+    assert_equal 1, profiles.size
+    assert_empty profiles[0]["samples"]
+    outcome, = speedscope_import(JSON.generate(speedscope(result)))
+    assert_equal :loaded, outcome
+  end
+
   def test_corrupt_raw_data_raises_profile_error
     [
       ->(r) { r[:raw] = r[:raw].dup.tap { |a| a[1] = 99 } },             # unknown frame
@@ -365,6 +381,47 @@ class TestExports < Minitest::Test
     end
   end
 
+  # The exporters keep Ruby objects (names made from Symbols, the string
+  # tables, the sink's chunks) while they allocate: a GC at every
+  # allocation, with compaction on, must change nothing.
+  def test_exports_survive_gc_at_every_allocation
+    result = fixture
+    result[:frames] = result[:frames].merge(4 => FRAMES[4].merge(name: :times_symbol, total_samples: 0, samples: 0))
+    exports = %i[export_pprof export_firefox export_speedscope]
+    expected = exports.map { |e| Strobe::Native.public_send(e, result, nil, nil).b }
+    GC.stress = true
+    actual = exports.map { |e| Strobe::Native.public_send(e, result, nil, StringIO.new).string.b }
+    GC.stress = false
+    assert_equal expected, actual
+    assert_includes expected[1], "times_symbol"
+  ensure
+    GC.stress = false
+  end
+
+  # A snapshot is built from a copy of the profile while it goes on; with a
+  # GC at every allocation it is still the profile so far.
+  def test_snapshot_under_gc_stress
+    Strobe.start(mode: :custom, raw: true)
+    threads = Array.new(3) { |i| Thread.new { (i + 1).times { Strobe.sample } } }
+    threads.each(&:join)
+    GC.stress = true
+    snap = Strobe.snapshot
+    GC.stress = false
+    Strobe.sample
+    Strobe.stop
+    final = Strobe.results
+    assert_equal 6, snap[:samples]
+    assert_equal 6, snap[:raw_sample_threads].size
+    assert_equal 7, final[:samples]
+    assert_equal snap[:raw][0, 4], final[:raw][0, 4]
+    assert_equal [1, 2, 3], snap[:threads].values.map { |t| t[:samples] }.sort
+    assert_equal 7, final[:threads].values.sum { |t| t[:samples] }
+  ensure
+    GC.stress = false
+    Strobe.stop
+    Strobe.results
+  end
+
   def test_invalid_utf8_names_make_valid_json
     result = fixture
     result[:frames] = result[:frames].merge(3 => FRAMES[3].merge(name: "bad \xff name".b, total_samples: 0, samples: 0))
@@ -379,7 +436,7 @@ class TestExports < Minitest::Test
     Dir.mktmpdir do |dir|
       { pprof: "p.pb.gz", firefox: "f.json", speedscope: "s.json" }.each do |format, name|
         path = File.join(dir, name)
-        assert_equal path, Strobe.run(mode: :wall, out: path, format: format) { 20_000.times.map(&:to_s) }
+        assert_equal path, Strobe.run(mode: :wall, out: path, format: format) { sleep 0.02 }
         bytes = File.binread(path)
         if format == :pprof
           prof = ProtobufReader.profile(Zlib.gunzip(bytes))

@@ -454,9 +454,10 @@ firefox_body(VALUE arg)
     f->r = r;
     f->s = strobe_samples_read(r, "Firefox Profiler output");
     strobe_samples_t *s = f->s;
-    f->strings = rb_hash_new();
-    f->string_list = rb_ary_new();
-    r->extra = rb_ary_new_from_args(2, f->strings, f->string_list); /* marked by the report */
+    /* Held in C memory: marked, and so pinned, by the report, from before
+     * anything else is allocated. */
+    r->pinned[0] = f->strings = rb_hash_new();
+    r->pinned[1] = f->string_list = rb_ary_new();
     long threads = RARRAY_LEN(s->thread_ids);
 
     /* Buffers, freed with the report. */

@@ -131,9 +131,25 @@ out_int(out_t *o, int field, int64_t v)
     out_field(o, field, WIRE_VARINT, b, varint_to(b, (uint64_t)v));
 }
 
+/* Tables that outlive pprof_body's frame until the report is freed. */
+typedef struct {
+    strobe_stack_table_t pairs;  /* (frame, line) -> Location id */
+    strobe_stack_table_t keys;   /* (node, thread, state) -> Sample number */
+} pprof_tables_t;
+
+static void
+tables_free(void *arg)
+{
+    pprof_tables_t *t = arg;
+    strobe_stack_table_free(&t->pairs);
+    strobe_stack_table_free(&t->keys);
+    xfree(t);
+}
+
 typedef struct {
     report_t *r;
     strobe_samples_t *s;
+    pprof_tables_t *tables;
     VALUE strings;           /* String -> index */
     VALUE string_list;       /* Array, in index order */
     pb_t msg, inner, packed; /* scratch */
@@ -202,22 +218,20 @@ write_locations(pprof_t *p, out_t *o)
     }
     uint32_t *loc = ZALLOC_N(uint32_t, s->table.nodes_len);
     p->r->scratch[0] = loc;
-    st_table *ids = st_init_numtable();
-    uint32_t next = 1;
+    /* (frame, line) pairs interned as the nodes of a table of their own:
+     * a pair's node id is its Location id. */
+    strobe_stack_table_t *pairs = &p->tables->pairs;
     for (uint32_t n = 1; n < s->table.nodes_len; n++) {
         const strobe_node_t *node = &s->table.nodes[n];
-        st_data_t k = (st_data_t)((uint64_t)node->frame << 32 | (uint32_t)node->line), id;
-        if (st_lookup(ids, k, &id)) { loc[n] = (uint32_t)id; continue; }
-        loc[n] = next;
-        st_insert(ids, k, next);
+        uint32_t before = pairs->nodes_len;
+        loc[n] = strobe_stack_table_node(pairs, 0, node->frame, node->line);
+        if (pairs->nodes_len == before) continue;
         pb_int(&p->inner, LINE_FUNCTION_ID, node->frame + 1);
         pb_int(&p->inner, LINE_LINE, node->line);
-        pb_int(&p->msg, LOCATION_ID, next);
+        pb_int(&p->msg, LOCATION_ID, loc[n]);
         pb_nested(&p->msg, LOCATION_LINE, &p->inner);
         out_message(o, PROFILE_LOCATION, &p->msg);
-        next++;
     }
-    st_free_table(ids);
     return loc;
 }
 
@@ -226,28 +240,22 @@ static void
 write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per_sample)
 {
     strobe_samples_t *s = p->s;
-    st_table *seen = st_init_numtable();
-    uint64_t *keys = ALLOC_N(uint64_t, s->n ? s->n : 1);
-    p->r->scratch[1] = keys;
-    uint64_t *counts = ZALLOC_N(uint64_t, s->n ? s->n : 1);
+    /* (node, thread, state) triples interned as the nodes of a table of
+     * their own: node k + 1 is the k-th distinct one. */
+    strobe_stack_table_t *keys = &p->tables->keys;
+    uint64_t *counts = ZALLOC_N(uint64_t, s->n + 1);
     p->r->scratch[2] = counts;
-    size_t distinct = 0;
-    uint64_t last = UINT64_MAX;
-    st_data_t at = 0;
+    uint32_t last_node = UINT32_MAX, last_thread = 0, at = 0;
+    int last_state = -1;
     for (size_t i = 0; i < s->n; i++) {
-        uint64_t k = (uint64_t)s->node[i] | (uint64_t)(s->thread ? s->thread[i] : 0) << 32 |
-                     (uint64_t)(s->state ? s->state[i] : 0) << 60;
-        if (k != last) {
-            if (!st_lookup(seen, (st_data_t)k, &at)) {
-                at = distinct;
-                keys[distinct++] = k;
-                st_insert(seen, (st_data_t)k, at);
-            }
-            last = k;
+        uint32_t node = s->node[i], thread = s->thread ? s->thread[i] : 0;
+        int state = s->state ? s->state[i] : 0;
+        if (node != last_node || thread != last_thread || state != last_state) {
+            at = strobe_stack_table_node(keys, node, thread, state);
+            last_node = node, last_thread = thread, last_state = state;
         }
         counts[at]++;
     }
-    st_free_table(seen);
 
     long threads = RARRAY_LEN(s->thread_ids);
     int64_t *thread_label = ALLOC_N(int64_t, threads);
@@ -257,10 +265,9 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
     int64_t state_str[STROBE_STATES] = { 0 };
     for (int st = 1; st < STROBE_STATES; st++) state_str[st] = intern(p, rb_sym2str(strobe_state_sym(st)));
 
-    for (size_t d = 0; d < distinct; d++) {
-        uint64_t k = keys[d];
-        uint32_t node = (uint32_t)k, thread = (uint32_t)(k >> 32 & 0xfffffff);
-        int state = (int)(k >> 60);
+    for (uint32_t d = 1; d < keys->nodes_len; d++) {
+        uint32_t node = keys->nodes[d].parent, thread = keys->nodes[d].frame;
+        int state = keys->nodes[d].line;
         for (uint32_t n = node; n; n = s->table.nodes[n].parent) pb_varint(&p->packed, loc[n]);
         pb_nested(&p->msg, SAMPLE_LOCATION_ID, &p->packed);
         pb_varint(&p->packed, counts[d]);
@@ -301,6 +308,11 @@ pprof_body(VALUE arg)
     strobe_report_load(r, a->result, a->keep, 1);
     pprof_t p = { .r = r, .msg.slot = &r->scratch[4], .inner.slot = &r->scratch[5], .packed.slot = &r->scratch[6] };
     p.s = strobe_samples_read(r, "pprof output");
+    p.tables = ZALLOC(pprof_tables_t);
+    strobe_stack_table_init(&p.tables->pairs);
+    r->cleanup_arg = p.tables;
+    r->cleanup = tables_free;
+    strobe_stack_table_init(&p.tables->keys);
     p.strings = rb_hash_new();
     p.string_list = rb_ary_new();
     intern_c(&p, ""); /* string 0 */

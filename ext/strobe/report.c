@@ -115,7 +115,8 @@ report_mark(void *ptr)
     rb_gc_mark(r->keep);
     if (r->out.str) rb_gc_mark(r->out.str);
     if (r->out.sink) rb_gc_mark(r->out.sink);
-    if (r->extra) rb_gc_mark(r->extra);
+    for (int i = 0; i < 2; i++)
+        if (r->pinned[i]) rb_gc_mark(r->pinned[i]);
     if (r->samples_read) rb_gc_mark(r->samples_read->thread_ids);
     for (long i = 0; i < r->len; i++) {
         rb_gc_mark(r->frames[i].name);

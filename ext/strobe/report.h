@@ -78,7 +78,8 @@ typedef struct {
     strobe_samples_t *samples_read; /* an export's samples (samples.c), freed with it */
     void (*cleanup)(void *);  /* an export's own cleanup, run as the report is freed */
     void *cleanup_arg;
-    VALUE extra;             /* an export's own objects, marked while it runs (0: none) */
+    VALUE pinned[2];         /* an export's own objects held in C memory: marked
+                              * (and so pinned) while it runs (0: none) */
     VALUE holder;            /* GC-visible object marking the VALUEs above */
 } report_t;
 

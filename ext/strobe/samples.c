@@ -160,7 +160,12 @@ strobe_samples_read(report_t *r, const char *what)
 {
     VALUE result = r->result;
     VALUE raw = optional_array(result, "raw");
-    if (NIL_P(raw)) CORRUPT("%s needs raw samples: profile with raw: true (strobe run --raw)", what);
+    if (NIL_P(raw)) {
+        /* Like stackprof, Strobe leaves raw out when there were no samples. */
+        if (strobe_count_of(key(result, "samples"), "samples") != 0)
+            CORRUPT("%s needs raw samples: profile with raw: true (strobe run --raw)", what);
+        raw = rb_ary_new();
+    }
     VALUE raw_lines = optional_array(result, "raw_lines");
     VALUE stamps = optional_array(result, "raw_sample_timestamps");
     VALUE sample_threads = optional_array(result, "raw_sample_threads");

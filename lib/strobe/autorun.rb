@@ -10,7 +10,9 @@
 #   STROBE_INTERVAL  sampling interval (microseconds; allocations in object mode)
 #   STROBE_RAW       1/true to keep raw samples (0/false/empty: not)
 #   STROBE_IGNORE_GC 1/true to leave GC out of the samples
-#   STROBE_FORMAT    json (default) or sampling_prof
+#   STROBE_FORMAT    json (default), pprof, firefox, speedscope or
+#                    sampling_prof (the last four keep raw samples unless
+#                    STROBE_RAW=0, which they refuse)
 #   STROBE_OUT       where the profile is written (default strobe-profile.json)
 #   STROBE_SIGNAL    a signal name (USR2, say): instead of profiling from the
 #                    start, each such signal starts or stops profiling, and
@@ -70,7 +72,8 @@ module Strobe
     # The options for Strobe.start from the environment; raises ArgumentError
     # for a value that cannot be used.
     def options
-      opts = { mode: (@env["STROBE_MODE"] || "wall").strip, raw: flag("STROBE_RAW"),
+      # STROBE_RAW unset: the default (on for the formats built from raw samples)
+      opts = { mode: (@env["STROBE_MODE"] || "wall").strip, raw: present("STROBE_RAW") && flag("STROBE_RAW"),
                ignore_gc: flag("STROBE_IGNORE_GC"), out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
       interval = present("STROBE_INTERVAL")
       opts[:interval] = integer("STROBE_INTERVAL", interval) if interval

@@ -1,9 +1,10 @@
 # frozen_string_literal: true
 
 # A mutational fuzzer for everything that reads a profile file: the loader
-# (JSON, gzip, Strobe's compact stacks expanded in C) and every report built
-# on what it accepts (the C report engine, thread subsets, merging). Inputs
-# are mutated from the seed corpus (test/fuzz/corpus): byte flips,
+# (JSON, gzip, Strobe's compact stacks expanded in C) and every report and
+# export built on what it accepts (the C report engine, the pprof, Firefox
+# and speedscope writers, thread subsets, merging). Inputs are mutated from
+# the seed corpus (test/fuzz/corpus): byte flips,
 # truncation, splices, and JSON-aware changes (numbers made huge, negative
 # or fractional, values of the wrong type, keys dropped, elements repeated,
 # deep nesting). An input may be rejected only with Strobe::ProfileError
@@ -122,6 +123,9 @@ module StrobeFuzz
 
     report.print_stackcollapse(NULL)
     report.stack_tree
+    report.print_pprof(NULL)
+    report.print_firefox(NULL)
+    report.print_speedscope(NULL)
     (result[:threads].is_a?(Hash) ? result[:threads].keys.first(3) : []).each do |id|
       Strobe::Report.new(result, thread: id).print_text(NULL)
     end
