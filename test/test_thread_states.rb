@@ -44,6 +44,23 @@ class TestThreadStates < Minitest::Test
     result[:threads].values.find { |t| t[:name] == name }
   end
 
+  # A thread computing right after it started another is running, not
+  # waiting: on Ruby 3.3 the new thread's READY event runs on its creator's
+  # native thread, and was once taken for the creator's own (it showed
+  # waiting for up to a 100 ms time slice while it computed).
+  def test_a_thread_that_starts_another_is_still_running
+    skip "no GVL events on Ruby #{RUBY_VERSION}" unless Strobe::Native::GVL_STATES
+    skip_statistics_under_valgrind
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      napper = Thread.new { sleep 0.05 }
+      spin(0.08)
+      napper.join
+    end
+    main = result[:threads].values.find { |t| t[:main] }[:states]
+    assert_operator main[:running], :>=, 40, main.inspect
+    assert_operator main[:waiting], :<, main[:running] / 4, main.inspect
+  end
+
   def test_states_are_recorded_only_where_ruby_reports_them
     result = mixed_result
     unless Strobe::Native::GVL_STATES

@@ -21,6 +21,8 @@ have_func("rb_postponed_job_preregister", "ruby/debug.h")
 # Ruby 3.2+: GVL events (waiting for the GVL, holding it, released it), so
 # samples can say what their thread was doing.
 have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
+# Ruby 3.3+: which thread a GVL event is about (the hook may run on another).
+have_struct_member("rb_internal_thread_event_data_t", "thread", "ruby/thread.h")
 # Exported by libruby but declared in no public header: whether the calling
 # thread holds the GVL. With YJIT before Ruby 3.3 the handler must not read a
 # GVL holder's frames (sampler.c); a thread without the GVL is safe to read.

@@ -214,13 +214,21 @@ thread_hook(VALUE tpval, void *data)
 /* ---- GVL states ---------------------------------------------------------------- */
 
 #ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK
-/* Runs on the thread whose GVL state changes (Ruby's default 1:1 threads),
- * without the GVL except for RESUMED: one lock-free lookup and a store. */
+/* Without the GVL except for RESUMED: one lock-free lookup and a store.
+ * Ruby 3.3+ says which thread the event is about: not always the one the
+ * hook runs on (a thread made ready by another, as a new thread is by the
+ * one creating it: taken for the creator's own, it showed the creator
+ * computing as "waiting" for up to a 100 ms time slice). Ruby 3.2 does not
+ * say, and runs the hook on the thread itself. */
 static void
 gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, void *unused)
 {
     (void)data; (void)unused;
+#ifdef HAVE_RB_INTERNAL_THREAD_EVENT_DATA_T_THREAD
+    strobe_thread_t *t = data ? strobe_threads_of(data->thread) : strobe_threads_self();
+#else
     strobe_thread_t *t = strobe_threads_self(); /* NULL unless registered */
+#endif
     if (!t) return;
     uint8_t state = (event & RUBY_INTERNAL_THREAD_EVENT_RESUMED) ? STROBE_STATE_RUNNING
                   : (event & RUBY_INTERNAL_THREAD_EVENT_READY) ? STROBE_STATE_WAITING

@@ -192,6 +192,8 @@ pid_t strobe_gettid(void);
  * NULL when the registry is full. */
 strobe_thread_t *strobe_threads_add(pid_t tid, VALUE thread, int state);
 strobe_thread_t *strobe_threads_find(pid_t tid);
+/* Lock-free (no GVL needed): the LIVE entry of the Ruby Thread, or NULL. */
+strobe_thread_t *strobe_threads_of(VALUE thread);
 /* Async-signal-safe: the calling thread's LIVE entry, or NULL. */
 strobe_thread_t *strobe_threads_self(void);
 void strobe_threads_end(strobe_thread_t *t);

@@ -101,6 +101,17 @@ strobe_threads_find(pid_t tid)
 }
 
 strobe_thread_t *
+strobe_threads_of(VALUE thread)
+{
+    int n = atomic_load_explicit(&entries_len, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (atomic_load_explicit(&entries[i].state, memory_order_acquire) == STROBE_THREAD_LIVE &&
+            entries[i].thread == thread)
+            return &entries[i];
+    return NULL;
+}
+
+strobe_thread_t *
 strobe_threads_self(void)
 {
     unsigned gen = atomic_load(&generation);
