@@ -435,24 +435,17 @@ ff_cleanup(void *arg)
     xfree(f);
 }
 
-typedef struct {
-    report_t *r;
-    VALUE result, keep, sink;
-} ff_args_t;
-
-static VALUE
-firefox_body(VALUE arg)
+VALUE
+strobe_firefox_body(report_t *r)
 {
-    ff_args_t *a = (ff_args_t *)arg;
-    report_t *r = a->r;
-    strobe_report_load(r, a->result, a->keep, 1);
+    VALUE result = r->result;
     /* On the heap: freed by ff_cleanup as the report is, after this
      * function's frame is gone. */
     ff_t *f = ZALLOC(ff_t);
     r->cleanup = ff_cleanup;
     r->cleanup_arg = f;
     f->r = r;
-    f->s = strobe_samples_read(r, "Firefox Profiler output");
+    f->s = r->samples_read;
     strobe_samples_t *s = f->s;
     /* Held in C memory: marked, and so pinned, by the report, from before
      * anything else is allocated. */
@@ -474,12 +467,12 @@ firefox_body(VALUE arg)
     f->order = strobe_samples_by_thread(r, s, &f->thread_start);
     classify_frames(f);
 
-    VALUE mode = rb_hash_lookup2(a->result, strobe_sym("mode"), Qnil);
-    VALUE interval = rb_hash_lookup2(a->result, strobe_sym("interval"), Qnil);
+    VALUE mode = rb_hash_lookup2(result, strobe_sym("mode"), Qnil);
+    VALUE interval = rb_hash_lookup2(result, strobe_sym("interval"), Qnil);
     int timed = mode == strobe_sym("cpu") || mode == strobe_sym("wall");
     int64_t interval_us = timed && FIXNUM_P(interval) && FIX2LONG(interval) > 0 ? FIX2LONG(interval) : 1000;
     int64_t end_us = 0;
-    VALUE duration = rb_hash_lookup2(a->result, strobe_sym("duration"), Qnil);
+    VALUE duration = rb_hash_lookup2(result, strobe_sym("duration"), Qnil);
     if (FIXNUM_P(duration) && FIX2LONG(duration) > 0) end_us = FIX2LONG(duration);
     for (size_t k = 0; k < s->n; k++) {
         int64_t at = (s->time ? s->time[k] - s->start_us : (int64_t)k * interval_us) + interval_us;
@@ -488,14 +481,13 @@ firefox_body(VALUE arg)
     long main_thread = -1;
     int *is_main = r->scratch[6] = ALLOC_N(int, threads);
     for (long t = 0; t < threads; t++) {
-        strobe_samples_thread_name(s, a->result, t, &is_main[t]);
+        strobe_samples_thread_name(s, result, t, &is_main[t]);
         if (is_main[t] && main_thread < 0) main_thread = t;
         else is_main[t] = 0;
     }
     if (main_thread < 0) main_thread = 0, is_main[0] = 1; /* a process track needs one */
 
     out_t *o = &r->out;
-    o->sink = NIL_P(a->sink) ? 0 : a->sink;
     OUT_LIT(o, "{");
     write_meta(f, o, interval_us, end_us, main_thread);
     OUT_LIT(o, ",\"libs\":[],\"pages\":[],\"counters\":[],\"threads\":[");
@@ -507,19 +499,4 @@ firefox_body(VALUE arg)
     }
     OUT_LIT(o, "]}\n");
     return out_finish(o);
-}
-
-/* Strobe::Native.export_firefox(result, keep, sink) -> the profile's JSON, or
- * sink (an IO) after writing it there. */
-static VALUE
-native_export_firefox(VALUE self, VALUE result, VALUE keep, VALUE sink)
-{
-    ff_args_t a = { NULL, result, keep, sink };
-    return strobe_report_run(firefox_body, &a, &a.r);
-}
-
-void
-strobe_firefox_define(VALUE mNative)
-{
-    rb_define_singleton_method(mNative, "export_firefox", native_export_firefox, 3);
 }

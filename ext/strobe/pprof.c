@@ -295,19 +295,12 @@ metadata_comment(VALUE k, VALUE v, VALUE arg)
     return ST_CONTINUE;
 }
 
-typedef struct {
-    report_t *r;
-    VALUE result, keep, sink;
-} pprof_args_t;
-
-static VALUE
-pprof_body(VALUE arg)
+VALUE
+strobe_pprof_body(report_t *r)
 {
-    pprof_args_t *a = (pprof_args_t *)arg;
-    report_t *r = a->r;
-    strobe_report_load(r, a->result, a->keep, 1);
+    VALUE result = r->result;
     pprof_t p = { .r = r, .msg.slot = &r->scratch[4], .inner.slot = &r->scratch[5], .packed.slot = &r->scratch[6] };
-    p.s = strobe_samples_read(r, "pprof output");
+    p.s = r->samples_read;
     p.tables = ZALLOC(pprof_tables_t);
     strobe_stack_table_init(&p.tables->pairs);
     r->cleanup_arg = p.tables;
@@ -317,12 +310,11 @@ pprof_body(VALUE arg)
     p.string_list = rb_ary_new();
     intern_c(&p, ""); /* string 0 */
     out_t *o = &r->out;
-    o->sink = NIL_P(a->sink) ? 0 : a->sink;
 
-    VALUE mode = rb_hash_lookup2(a->result, strobe_sym("mode"), Qnil);
+    VALUE mode = rb_hash_lookup2(result, strobe_sym("mode"), Qnil);
     const char *kind = mode == strobe_sym("cpu") ? "cpu" : mode == strobe_sym("wall") ? "wall"
                      : mode == strobe_sym("object") ? "objects" : NULL;
-    long interval = long_key(a->result, "interval");
+    long interval = long_key(result, "interval");
     int timed = kind && kind[0] != 'o';
     int64_t per_sample = timed ? (int64_t)interval * 1000 : interval; /* ns, or objects */
     int values = kind && interval > 0 ? 2 : 1;
@@ -336,15 +328,15 @@ pprof_body(VALUE arg)
     uint32_t *loc = write_locations(&p, o);
     write_samples(&p, o, loc, values, per_sample);
 
-    long started = long_key(a->result, "started_at"), duration = long_key(a->result, "duration");
+    long started = long_key(result, "started_at"), duration = long_key(result, "duration");
     if (!duration && p.s->time && p.s->n) duration = (long)(p.s->time[p.s->n - 1] - p.s->start_us);
     out_int(o, PROFILE_TIME_NANOS, (int64_t)started * 1000);
     out_int(o, PROFILE_DURATION_NANOS, (int64_t)duration * 1000);
     comment(&p, o, rb_sprintf("strobe: mode %"PRIsVALUE", interval %ld, %"PRIsVALUE" samples, %"PRIsVALUE" gc, %"PRIsVALUE" missed",
-                              mode, interval, rb_hash_lookup2(a->result, strobe_sym("samples"), Qnil),
-                              rb_hash_lookup2(a->result, strobe_sym("gc_samples"), Qnil),
-                              rb_hash_lookup2(a->result, strobe_sym("missed_samples"), Qnil)));
-    VALUE metadata = rb_hash_lookup2(a->result, strobe_sym("metadata"), Qnil);
+                              mode, interval, rb_hash_lookup2(result, strobe_sym("samples"), Qnil),
+                              rb_hash_lookup2(result, strobe_sym("gc_samples"), Qnil),
+                              rb_hash_lookup2(result, strobe_sym("missed_samples"), Qnil)));
+    VALUE metadata = rb_hash_lookup2(result, strobe_sym("metadata"), Qnil);
     if (RB_TYPE_P(metadata, T_HASH)) {
         void *ctx[2] = { &p, o };
         rb_hash_foreach(metadata, metadata_comment, (VALUE)ctx);
@@ -360,19 +352,4 @@ pprof_body(VALUE arg)
     VALUE done = out_finish(o);
     if (RB_TYPE_P(done, T_STRING)) rb_enc_associate(done, rb_ascii8bit_encoding());
     return done;
-}
-
-/* Strobe::Native.export_pprof(result, keep, sink) -> the profile.proto bytes
- * (binary String), or sink (an IO) after writing them to it. */
-static VALUE
-native_export_pprof(VALUE self, VALUE result, VALUE keep, VALUE sink)
-{
-    pprof_args_t a = { NULL, result, keep, sink };
-    return strobe_report_run(pprof_body, &a, &a.r);
-}
-
-void
-strobe_pprof_define(VALUE mNative)
-{
-    rb_define_singleton_method(mNative, "export_pprof", native_export_pprof, 3);
 }

@@ -226,6 +226,42 @@ strobe_report_run(VALUE (*body)(VALUE), void *args, report_t **slot)
     return out;
 }
 
+typedef struct {
+    report_t *r;
+    VALUE (*body)(report_t *r);
+    const char *what;
+    VALUE result, keep, sink;
+} export_args_t;
+
+static VALUE
+export_body(VALUE arg)
+{
+    export_args_t *a = (export_args_t *)arg;
+    strobe_report_load(a->r, a->result, a->keep, 1);
+    strobe_samples_read(a->r, a->what);
+    a->r->out.sink = NIL_P(a->sink) ? 0 : a->sink;
+    return a->body(a->r);
+}
+
+VALUE
+strobe_export(VALUE (*body)(report_t *r), const char *what, VALUE result, VALUE keep, VALUE sink)
+{
+    export_args_t a = { NULL, body, what, result, keep, sink };
+    return strobe_report_run(export_body, &a, &a.r);
+}
+
+/* Strobe::Native.export_<name>(result, keep, sink) -> the export (a String,
+ * binary for pprof), or sink after writing it there in chunks. */
+#define EXPORT_METHOD(name, what)                                            \
+    static VALUE                                                             \
+    native_export_##name(VALUE self, VALUE result, VALUE keep, VALUE sink)   \
+    {                                                                        \
+        return strobe_export(strobe_##name##_body, what, result, keep, sink); \
+    }
+EXPORT_METHOD(pprof, "pprof output")
+EXPORT_METHOD(firefox, "Firefox Profiler output")
+EXPORT_METHOD(speedscope, "speedscope output")
+
 /* Strobe::Native.report_<name>(result, keep): runs <name>_body on a report
  * of result filtered by keep. */
 #define REPORT_METHOD(name)                                          \
@@ -978,4 +1014,7 @@ strobe_report_define(VALUE mNative)
     rb_define_singleton_method(mNative, "report_callgrind", native_report_callgrind, 2);
     rb_define_singleton_method(mNative, "report_files", native_report_files, 2);
     rb_define_singleton_method(mNative, "report_method", native_report_method, 3);
+    rb_define_singleton_method(mNative, "export_pprof", native_export_pprof, 3);
+    rb_define_singleton_method(mNative, "export_firefox", native_export_firefox, 3);
+    rb_define_singleton_method(mNative, "export_speedscope", native_export_speedscope, 3);
 }

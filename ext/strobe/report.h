@@ -104,6 +104,16 @@ size_t *strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t 
 /* Thread t's name for display: Thread#name, else "main" for the main
  * thread, else "thread ID"; *is_main (if given) says whether it is main. */
 VALUE strobe_samples_thread_name(const strobe_samples_t *s, VALUE result, long t, int *is_main);
+/* Runs an exporter: body(r) on a report of result loaded with details,
+ * filtered by keep, its raw samples read (r->samples_read; what names the
+ * export in errors), its output going to sink (an IO) in chunks, or, with a
+ * nil sink, into the String returned. */
+VALUE strobe_export(VALUE (*body)(report_t *r), const char *what, VALUE result, VALUE keep, VALUE sink);
+/* The exporters' bodies (pprof.c, firefox.c, speedscope.c), run by
+ * strobe_export as Strobe::Native.export_<name>(result, keep, sink). */
+VALUE strobe_pprof_body(report_t *r);
+VALUE strobe_firefox_body(report_t *r);
+VALUE strobe_speedscope_body(report_t *r);
 /* A count read from a result: a non-negative Integer below 2**64, 0 for nil. */
 uint64_t strobe_count_of(VALUE v, const char *what);
 

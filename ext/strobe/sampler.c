@@ -49,8 +49,9 @@
  * GVL states (Ruby 3.2+, where extconf.rb finds rb_internal_thread_add_event_hook):
  * a hook on the GVL events (READY: waiting for it, RESUMED: holding it,
  * SUSPENDED: released it to block) keeps each registered thread's state,
- * which every time-mode sample records. The hook runs on the thread itself,
- * mostly without the GVL, and only stores a byte into the thread's entry.
+ * which every time-mode sample records. The hook runs mostly without the
+ * GVL, finds the entry of the thread the event is about (3.3+ names it; 3.2
+ * runs the hook on the thread itself) and only stores a byte into it.
  * Without the hook samples carry no state and the result has no state keys.
  *
  * YJIT before Ruby 3.3: while a thread runs JIT code its frames' pc and sp

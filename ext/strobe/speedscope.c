@@ -19,11 +19,6 @@
  */
 #include "report.h"
 
-typedef struct {
-    report_t *r;
-    VALUE result, keep, sink;
-} ss_args_t;
-
 /* The table frames of node's stack, root first, as JSON numbers. */
 static void
 out_stack(out_t *o, const strobe_stack_table_t *t, uint32_t node, uint32_t *path, size_t capa)
@@ -38,14 +33,11 @@ out_stack(out_t *o, const strobe_stack_table_t *t, uint32_t node, uint32_t *path
     OUT_LIT(o, "]");
 }
 
-static VALUE
-speedscope_body(VALUE arg)
+VALUE
+strobe_speedscope_body(report_t *r)
 {
-    ss_args_t *a = (ss_args_t *)arg;
-    report_t *r = a->r;
-    VALUE result = a->result;
-    strobe_report_load(r, result, a->keep, 1);
-    strobe_samples_t *s = strobe_samples_read(r, "speedscope output");
+    VALUE result = r->result;
+    strobe_samples_t *s = r->samples_read;
     size_t *starts;
     size_t *order = strobe_samples_by_thread(r, s, &starts);
     const strobe_stack_table_t *t = &s->table;
@@ -69,7 +61,6 @@ speedscope_body(VALUE arg)
     if (!(wall || cpu || object)) interval = 1;
 
     out_t *o = &r->out;
-    o->sink = NIL_P(a->sink) ? 0 : a->sink;
     OUT_LIT(o, "{\"$schema\":\"https://www.speedscope.app/file-format-schema.json\",\"exporter\":\"strobe ");
     VALUE version = rb_const_get(rb_const_get(rb_cObject, rb_intern("Strobe")), rb_intern("VERSION"));
     out_str(o, version);
@@ -141,19 +132,4 @@ speedscope_body(VALUE arg)
     }
     OUT_LIT(o, "]}\n");
     return out_finish(o);
-}
-
-/* Strobe::Native.export_speedscope(result, keep, sink) -> the file's JSON, or
- * sink (an IO) after writing it there. */
-static VALUE
-native_export_speedscope(VALUE self, VALUE result, VALUE keep, VALUE sink)
-{
-    ss_args_t a = { NULL, result, keep, sink };
-    return strobe_report_run(speedscope_body, &a, &a.r);
-}
-
-void
-strobe_speedscope_define(VALUE mNative)
-{
-    rb_define_singleton_method(mNative, "export_speedscope", native_export_speedscope, 3);
 }

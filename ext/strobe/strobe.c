@@ -312,7 +312,4 @@ Init_strobe(void)
     strobe_compact_define(mNative);
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
-    strobe_pprof_define(mNative);
-    strobe_firefox_define(mNative);
-    strobe_speedscope_define(mNative);
 }

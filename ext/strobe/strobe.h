@@ -416,13 +416,8 @@ void strobe_subset_define(VALUE mNative);
 
 /* ---- report.c --------------------------------------------------------------- */
 
+/* Also the exports (pprof.c, firefox.c, speedscope.c, through report.h). */
 void strobe_report_define(VALUE mNative);
-
-/* ---- exporters: pprof.c, firefox.c, speedscope.c ---------------------------- */
-
-void strobe_pprof_define(VALUE mNative);
-void strobe_firefox_define(VALUE mNative);
-void strobe_speedscope_define(VALUE mNative);
 
 /* ---- strobe.c ------------------------------------------------------------- */
 

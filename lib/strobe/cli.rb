@@ -94,13 +94,7 @@ module Strobe
         parser.separator "(through RUBYOPT), then prints the text report of the profile. Exits with COMMAND's status."
         parser.separator ""
         parser.separator "Options:"
-        parser.on("-m", "--mode MODE", "Sampling mode: #{MODES.join(', ')} (default: wall)") do |mode|
-          settings[:mode] = mode
-        end
-        parser.on("-i", "--interval N", Integer,
-                  "Sampling interval: microseconds, or allocations in object mode (default: 1000 / 1)") do |n|
-          settings[:interval] = n
-        end
+        sampling_options(parser, settings)
         parser.on("--raw", "Keep the raw samples in the profile (for flame graphs)") { settings[:raw] = true }
         parser.on("-o", "--out FILE", "Where to write the profile (default: #{DEFAULT_OUT} in the current directory)") do |file|
           settings[:out] = file
@@ -236,13 +230,7 @@ module Strobe
         parser.separator "printed on stderr. When COMMAND's Ruby program ends, its profile stays served until Ctrl-C."
         parser.separator ""
         parser.separator "Options:"
-        parser.on("-m", "--mode MODE", "Sampling mode: #{MODES.join(', ')} (default: wall)") do |mode|
-          settings[:mode] = mode
-        end
-        parser.on("-i", "--interval N", Integer,
-                  "Sampling interval: microseconds, or allocations in object mode (default: 1000 / 1)") do |n|
-          settings[:interval] = n
-        end
+        sampling_options(parser, settings)
         parser.on("-p", "--port N", Integer, "Port on 127.0.0.1 (default: #{DEFAULT_PORT}; 0: any free port)") do |n|
           raise OptionParser::InvalidArgument, "#{n} (must be from 0 to 65535)" unless n.between?(0, 65_535)
 
@@ -487,6 +475,17 @@ module Strobe
     end
 
     # --- shared --------------------------------------------------------------
+
+    # --mode and --interval, for the commands that profile.
+    def sampling_options(parser, settings)
+      parser.on("-m", "--mode MODE", "Sampling mode: #{MODES.join(', ')} (default: wall)") do |mode|
+        settings[:mode] = mode
+      end
+      parser.on("-i", "--interval N", Integer,
+                "Sampling interval: microseconds, or allocations in object mode (default: 1000 / 1)") do |n|
+        settings[:interval] = n
+      end
+    end
 
     def report_options(parser, settings)
       parser.on("-l", "--limit N", Integer, "Show only the first N frames (0: all, as stackprof)") do |n|
