@@ -2,6 +2,7 @@
 
 require "test_helper"
 require "tmpdir"
+require "zlib"
 require "rack"
 require "rack/builder"
 require "rack/lint"
@@ -58,6 +59,20 @@ class TestMiddleware < Minitest::Test
     assert_equal({ app: "shop" }, result[:metadata])
     assert(result[:frames].values.any? { |f| f[:name] == "TestMiddleware#work" })
     refute Strobe.running?, "profiling stops between requests"
+  end
+
+  # format: an export, named with its extension, raw samples kept for it.
+  def test_pprof_files_for_a_profile_store
+    a = app(enabled: true, mode: :wall, path: "#{@dir}/", save_every: 1, format: :pprof)
+    get(a, "/one?n=200000")
+    files = Dir[File.join(@dir, "*")]
+    assert_equal 1, files.size
+    assert_match(/\.pb\.gz\z/, files.first)
+    require "protobuf_reader"
+    prof = ProtobufReader.profile(Zlib.gunzip(File.binread(files.first)))
+    names = prof[:functions].values.map { |f| f[:name] }
+    assert_includes names, "TestMiddleware#work"
+    assert_raises(ArgumentError) { app(format: :pprof, raw: false) }.then { |e| assert_match(/needs raw: true/, e.message) }
   end
 
   def test_a_file_path_and_a_proc_deciding_per_request
@@ -148,7 +163,7 @@ class TestMiddleware < Minitest::Test
   def test_bad_options_are_refused_when_built
     inner = ->(_) { [200, {}, []] }
     { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_at_exit: "no",
-      on_result: 3, permit: :yes, metadata: [] }.each do |option, value|
+      on_result: 3, permit: :yes, metadata: [], format: :svg }.each do |option, value|
       error = assert_raises(ArgumentError, option.to_s) { Strobe::Middleware.new(inner, option => value) }
       assert_match(/#{option}/, error.message)
     end

@@ -13,12 +13,15 @@ module Strobe
   # Options:
   #   enabled:      true, false (the default), or a proc given the Rack env
   #                 that says whether to profile this request
-  #   mode:, interval:, raw:, metadata:
-  #                 as for Strobe.start (mode :wall, interval 1000)
+  #   mode:, interval:, raw:, metadata:, format:
+  #                 as for Strobe.start (mode :wall, interval 1000; format
+  #                 :json, or an export such as :pprof, which keeps raw
+  #                 samples)
   #   path:         where profiles go: a directory (ending in "/", or one
   #                 that exists) gets one file per save, named
-  #                 strobe-MODE-PID-TIME.json; anything else is the file
-  #                 itself (default "tmp/strobe/")
+  #                 strobe-MODE-PID-TIME.json (or the format's extension,
+  #                 .pb.gz for pprof); anything else is the file itself
+  #                 (default "tmp/strobe/")
   #   save_every:   write the profile after every N profiled requests
   #   save_at_exit: write what was collected when the process exits
   #   on_result:    instead of writing files, hand each saved result (a
@@ -38,7 +41,7 @@ module Strobe
   # (once per distinct problem). Bad options raise ArgumentError when the
   # middleware is built.
   class Middleware
-    OPTIONS = %i[enabled mode interval raw metadata path save_every save_at_exit on_result permit].freeze
+    OPTIONS = %i[enabled mode interval raw metadata format path save_every save_at_exit on_result permit].freeze
     DEFAULT_PATH = "tmp/strobe/"
     FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
 
@@ -50,9 +53,11 @@ module Strobe
       @enabled = check_switch(:enabled, options.fetch(:enabled, false))
       @permit = check_proc(:permit, options[:permit])
       @on_result = check_proc(:on_result, options[:on_result])
-      @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: options.fetch(:raw, false),
-                   metadata: options.fetch(:metadata, {}) }.compact
-      Options.new(@profile) # every problem with them, now rather than per request
+      @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: options[:raw],
+                   metadata: options.fetch(:metadata, {}), format: options[:format] }.compact
+      checked = Options.new(@profile) # every problem with them, now rather than per request
+      @format = checked.format
+      @profile = @profile.except(:format).merge(raw: checked.raw)
       @path = options.fetch(:path, DEFAULT_PATH)
       raise ArgumentError, "path must be a String, got #{@path.inspect}" unless @path.is_a?(String) && !@path.empty?
 
@@ -93,7 +98,7 @@ module Strobe
       end
       target = target_path(result)
       FileUtils.mkdir_p(File.dirname(target))
-      Strobe.save(result, target)
+      Strobe.save(result, target, format: @format)
     rescue StandardError => e
       warn_once "could not save the profile: #{e.message}"
       nil
@@ -191,7 +196,7 @@ module Strobe
     end
 
     def target_path(result)
-      ProfileFile.directory?(@path) ? ProfileFile.path_in(@path, result) : @path
+      ProfileFile.directory?(@path) ? ProfileFile.path_in(@path, result, @format) : @path
     end
 
     def warn_once(message)
