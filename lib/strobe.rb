@@ -74,7 +74,7 @@ module Strobe
       result = Native.snapshot
       return nil unless result
 
-      result[:metadata] = @pending[:metadata] || {}
+      result[:metadata] = (@pending[:metadata] || {}).dup
       result
     end
 

@@ -371,6 +371,7 @@ class TestExports < Minitest::Test
     span = SAMPLES.last[2]
     result[:raw_sample_timestamps] = (0...runs).flat_map { |r| SAMPLES.map { |s| s[2] + r * span } }
     result[:raw_timestamp_deltas] = [500] + result[:raw_sample_timestamps].each_cons(2).map { |a, b| b - a }
+    result[:samples] = SAMPLES.size * runs
     %i[export_firefox export_speedscope export_pprof].each do |export|
       sink = Struct.new(:chunks) { def write(s) = chunks << s.bytesize }.new([])
       whole = Strobe::Native.public_send(export, result, nil, nil)
@@ -420,6 +421,92 @@ class TestExports < Minitest::Test
     GC.stress = false
     Strobe.stop
     Strobe.results
+  end
+
+  # Found in review, each a crash or corrupt output before its fix.
+  def test_empty_stacks_and_blocked_empty_stacks
+    result = { mode: :wall, interval: 1000, samples: 2, frames: {}, raw: [0, 2], raw_lines: [0, 2],
+               raw_sample_states: %i[blocked waiting] }
+    assert_firefox_invariants(firefox(result))
+    assert_equal [[]], speedscope(result)["profiles"][0]["samples"]
+    # one pprof sample per state, each with no location
+    assert_equal [[], []], pprof(result)[:samples].map { |s| s[:locations] }
+    # every frame dropped by a filter: an empty stack too
+    assert_firefox_invariants(firefox(fixture, select_names: [/nothing matches/]))
+  end
+
+  def test_strings_stay_put_while_the_sink_compacts_the_heap
+    meta = (1..50_000).to_h { |i| ["k#{i}", i] } # short comment strings, in the string table only
+    result = { frames: {}, samples: 0, metadata: meta }
+    sink = Class.new do
+      attr_reader :out
+
+      def initialize = @out = "".b
+
+      def write(chunk)
+        @out << chunk
+        GC.verify_compaction_references(double_heap: true, toward: :empty)
+        chunk.bytesize
+      end
+    end.new
+    expected = Strobe::Native.export_pprof(result, nil, nil)
+    Strobe::Native.export_pprof(result, nil, sink)
+    assert_equal expected, sink.out
+  end
+
+  def test_hostile_numbers_are_profile_errors
+    big = { mode: :wall, interval: 1000, samples: 1, frames: { 1 => FRAMES[1] }, raw: [1, 1, 1_000_000_000] }
+    assert_raises(Strobe::ProfileError) { pprof(big) }.then { |e| assert_match(/more than the profile's samples/, e.message) }
+    [{ interval: 2**62 - 1 }, { started_at: -1 }, { duration: 2**60 }, { interval: 1.5 }].each do |change|
+      %i[print_pprof print_firefox print_speedscope].each do |method|
+        assert_raises(Strobe::ProfileError, "#{change} #{method}") do
+          Strobe::Report.new(fixture.merge(change)).public_send(method, StringIO.new)
+        end
+      end
+    end
+    stamps = fixture.merge(raw_sample_timestamps: [2**62] * SAMPLES.size)
+    assert_raises(Strobe::ProfileError) { firefox(stamps) }
+  end
+
+  def test_pprof_strings_are_utf8_and_metadata_keys_may_hold_anything
+    result = fixture
+    result[:frames] = result[:frames].merge(3 => FRAMES[3].merge(name: "caf\xE9".b, file: "d\xE9j\xE0.rb".encode("UTF-8", "ISO-8859-1").encode("ISO-8859-1"),
+                                                                total_samples: 0, samples: 0))
+    result[:metadata] = { "nul\0key" => :v }
+    assert(pprof(result)[:strings].all?(&:valid_encoding?))
+    assert_includes pprof(result)[:strings], "déjà.rb"
+    entries = firefox(result)["meta"]["extra"].find { |x| x["label"] == "Metadata" }["entries"]
+    assert_equal [["nul\u0000key", "v"]], entries.map { |e| [e["label"], e["value"]] }
+  end
+
+  def test_samples_out_of_time_order_are_sorted_per_thread
+    result = fixture(states: false)
+    result[:raw_sample_timestamps] = result[:raw_sample_timestamps].reverse
+    result.delete(:raw_timestamp_deltas)
+    firefox(result)["threads"].each { |t| assert_equal t["samples"]["time"].sort, t["samples"]["time"] }
+  end
+
+  # Results are built from a copy of the profile, cleared before any Ruby
+  # code runs: a second results call made while the first is building
+  # (here: the first waits in a Thread#name) gets nil, not freed memory.
+  def test_two_threads_taking_results_at_once
+    napper = Thread.new { sleep }
+    def napper.name
+      sleep 0.05
+      "slow"
+    end
+    Strobe.start(mode: :wall, interval: 200, raw: true)
+    sleep 0.03
+    Strobe.stop
+    first = Thread.new { Strobe.results }
+    sleep 0.01
+    second = Strobe.results
+    taken = [first.value, second].compact
+    assert_equal 1, taken.size
+    assert_operator taken[0][:samples], :>, 0
+    assert_equal taken[0][:samples], taken[0][:raw_sample_threads].size
+  ensure
+    napper&.kill
   end
 
   def test_invalid_utf8_names_make_valid_json

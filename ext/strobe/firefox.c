@@ -190,6 +190,7 @@ recolored_stack(ff_t *f, uint32_t stamp, uint32_t node, int cat)
     st_data_t key = (st_data_t)node << 3 | (st_data_t)cat, at;
     if (st_lookup(f->recolored, key, &at)) return (int32_t)at;
     int32_t plain = local_stack(f, stamp, node);
+    if (!node) return plain; /* an empty stack: nothing to recolour */
     const strobe_node_t *nd = &f->s->table.nodes[node];
     int32_t fr = local_frame(f, stamp, nd->frame, nd->line, cat, 0);
     int32_t idx = push_stack(f, fr, f->col[STACK_PREFIX].v[plain], cat, 0);
@@ -355,12 +356,12 @@ write_thread(ff_t *f, out_t *o, long t, int is_main, int64_t interval_us)
 /* ---- meta ------------------------------------------------------------------ */
 
 static void
-extra_entry(out_t *o, int *first, const char *label, VALUE value)
+extra_entry(out_t *o, int *first, VALUE label, VALUE value)
 {
     if (!*first) OUT_LIT(o, ",");
     *first = 0;
     OUT_LIT(o, "{\"label\":");
-    strobe_out_json_str(o, rb_str_new_cstr(label));
+    strobe_out_json_str(o, label);
     if (FIXNUM_P(value)) {
         OUT_LIT(o, ",\"format\":\"integer\",\"value\":");
         out_i64(o, FIX2LONG(value));
@@ -375,8 +376,7 @@ static int
 metadata_entry(VALUE k, VALUE v, VALUE arg)
 {
     void **a = (void **)arg;
-    VALUE label = rb_obj_as_string(k);
-    extra_entry(a[0], a[1], StringValueCStr(label), v);
+    extra_entry(a[0], a[1], rb_obj_as_string(k), v);
     return ST_CONTINUE;
 }
 
@@ -387,8 +387,7 @@ write_meta(ff_t *f, out_t *o, int64_t interval_us, int64_t end_us, long main_thr
     OUT_LIT(o, "\"meta\":{\"interval\":");
     out_ms(o, interval_us);
     OUT_LIT(o, ",\"startTime\":");
-    VALUE started = rb_hash_lookup2(result, strobe_sym("started_at"), Qnil);
-    out_ms(o, FIXNUM_P(started) ? FIX2LONG(started) : 0);
+    out_ms(o, f->s->started_at_us);
     OUT_LIT(o, ",\"profilingStartTime\":0,\"profilingEndTime\":");
     out_ms(o, end_us);
     OUT_LIT(o, ",\"processType\":0,\"product\":\"Ruby (Strobe)\",\"stackwalk\":0,\"version\":28,"
@@ -408,7 +407,7 @@ write_meta(ff_t *f, out_t *o, int64_t interval_us, int64_t end_us, long main_thr
     static const char *const keys[] = { "mode", "interval", "samples", "gc_samples", "missed_samples", "timer" };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
         VALUE v = rb_hash_lookup2(result, strobe_sym(keys[i]), Qundef);
-        if (v != Qundef) extra_entry(o, &first, keys[i], v);
+        if (v != Qundef) extra_entry(o, &first, rb_str_new_cstr(keys[i]), v);
     }
     OUT_LIT(o, "]}");
     VALUE metadata = rb_hash_lookup2(result, strobe_sym("metadata"), Qnil);
@@ -468,14 +467,14 @@ strobe_firefox_body(report_t *r)
     classify_frames(f);
 
     VALUE mode = rb_hash_lookup2(result, strobe_sym("mode"), Qnil);
-    VALUE interval = rb_hash_lookup2(result, strobe_sym("interval"), Qnil);
     int timed = mode == strobe_sym("cpu") || mode == strobe_sym("wall");
-    int64_t interval_us = timed && FIXNUM_P(interval) && FIX2LONG(interval) > 0 ? FIX2LONG(interval) : 1000;
-    int64_t end_us = 0;
-    VALUE duration = rb_hash_lookup2(result, strobe_sym("duration"), Qnil);
-    if (FIXNUM_P(duration) && FIX2LONG(duration) > 0) end_us = FIX2LONG(duration);
+    int64_t interval_us = timed && s->interval > 0 ? s->interval : 1000;
+    int64_t end_us = s->duration_us;
     for (size_t k = 0; k < s->n; k++) {
-        int64_t at = (s->time ? s->time[k] - s->start_us : (int64_t)k * interval_us) + interval_us;
+        /* times below 2**53, an interval below 2**31: no overflow; without
+         * times, k intervals might */
+        int64_t at = s->time ? s->time[k] - s->start_us : strobe_checked_mul((int64_t)k, interval_us, "interval");
+        at += interval_us;
         if (at > end_us) end_us = at;
     }
     long main_thread = -1;

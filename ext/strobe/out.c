@@ -20,10 +20,8 @@ strobe_out_flush(out_t *o)
     RB_GC_GUARD(chunk);
 }
 
-/* str as valid UTF-8: as it is when it already is, else converted, with
- * what cannot be converted replaced by U+FFFD. */
-static VALUE
-utf8_of(VALUE str)
+VALUE
+strobe_utf8_of(VALUE str)
 {
     rb_encoding *utf8 = rb_utf8_encoding();
     int cr = rb_enc_str_coderange(str);
@@ -46,7 +44,7 @@ strobe_out_json_str(out_t *o, VALUE str)
 {
     static const char hex[] = "0123456789abcdef";
     if (!RB_TYPE_P(str, T_STRING)) str = NIL_P(str) ? rb_str_new(0, 0) : rb_obj_as_string(str);
-    str = utf8_of(str);
+    str = strobe_utf8_of(str);
     const unsigned char *p = (const unsigned char *)RSTRING_PTR(str);
     long len = RSTRING_LEN(str), run = 0;
     out_mem(o, "\"", 1);

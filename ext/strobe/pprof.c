@@ -19,6 +19,7 @@
  */
 #include "report.h"
 #include <stdlib.h>
+#include <inttypes.h>
 
 /* profile.proto field numbers */
 enum {
@@ -155,10 +156,13 @@ typedef struct {
     pb_t msg, inner, packed; /* scratch */
 } pprof_t;
 
+/* str's index in the string table, adding it (as UTF-8: proto3 strings
+ * must be) when new. */
 static int64_t
 intern(pprof_t *p, VALUE str)
 {
     if (!RB_TYPE_P(str, T_STRING)) str = NIL_P(str) ? rb_str_new(0, 0) : rb_obj_as_string(str);
+    str = strobe_utf8_of(str);
     VALUE at = rb_hash_lookup2(p->strings, str, Qundef);
     if (at != Qundef) return FIX2LONG(at);
     long n = RARRAY_LEN(p->string_list);
@@ -189,13 +193,6 @@ label(pprof_t *p, int64_t key, int64_t str, int64_t num)
     pb_int(&p->inner, LABEL_STR, str);
     pb_int(&p->inner, LABEL_NUM, num);
     pb_nested(&p->msg, SAMPLE_LABEL, &p->inner);
-}
-
-static long
-long_key(VALUE result, const char *name)
-{
-    VALUE v = rb_hash_lookup2(result, strobe_sym(name), Qnil);
-    return FIXNUM_P(v) ? FIX2LONG(v) : 0;
 }
 
 /* Functions for the frames seen; a Location per (frame, line) pair, its id
@@ -271,7 +268,11 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
         for (uint32_t n = node; n; n = s->table.nodes[n].parent) pb_varint(&p->packed, loc[n]);
         pb_nested(&p->msg, SAMPLE_LOCATION_ID, &p->packed);
         pb_varint(&p->packed, counts[d]);
-        if (values > 1) pb_varint(&p->packed, counts[d] * (uint64_t)per_sample);
+        if (values > 1) {
+            uint64_t total;
+            if (__builtin_mul_overflow(counts[d], (uint64_t)per_sample, &total)) CORRUPT("interval x samples is too large");
+            pb_varint(&p->packed, total);
+        }
         pb_nested(&p->msg, SAMPLE_VALUE, &p->packed);
         VALUE id = RARRAY_AREF(s->thread_ids, thread);
         label(p, key_thread, thread_label[thread], 0);
@@ -291,7 +292,11 @@ static int
 metadata_comment(VALUE k, VALUE v, VALUE arg)
 {
     void **a = (void **)arg;
-    comment(a[0], a[1], rb_sprintf("%"PRIsVALUE": %"PRIsVALUE, k, v));
+    /* Not rb_sprintf: its %s of a VALUE refuses a String holding NUL. */
+    VALUE text = rb_str_dup(rb_obj_as_string(k));
+    rb_str_cat_cstr(text, ": ");
+    rb_str_append(text, rb_obj_as_string(v));
+    comment(a[0], a[1], text);
     return ST_CONTINUE;
 }
 
@@ -302,9 +307,9 @@ strobe_pprof_body(report_t *r)
     pprof_t p = { .r = r, .msg.slot = &r->scratch[4], .inner.slot = &r->scratch[5], .packed.slot = &r->scratch[6] };
     p.s = r->samples_read;
     p.tables = ZALLOC(pprof_tables_t);
-    strobe_stack_table_init(&p.tables->pairs);
-    r->cleanup_arg = p.tables;
+    r->cleanup_arg = p.tables; /* freeing a table not (fully) made is safe */
     r->cleanup = tables_free;
+    strobe_stack_table_init(&p.tables->pairs);
     strobe_stack_table_init(&p.tables->keys);
     p.strings = rb_hash_new();
     p.string_list = rb_ary_new();
@@ -314,9 +319,9 @@ strobe_pprof_body(report_t *r)
     VALUE mode = rb_hash_lookup2(result, strobe_sym("mode"), Qnil);
     const char *kind = mode == strobe_sym("cpu") ? "cpu" : mode == strobe_sym("wall") ? "wall"
                      : mode == strobe_sym("object") ? "objects" : NULL;
-    long interval = long_key(result, "interval");
+    int64_t interval = p.s->interval;
     int timed = kind && kind[0] != 'o';
-    int64_t per_sample = timed ? (int64_t)interval * 1000 : interval; /* ns, or objects */
+    int64_t per_sample = timed ? interval * 1000 : interval; /* ns, or objects: interval < 2**31 */
     int values = kind && interval > 0 ? 2 : 1;
 
     value_type(&p, o, PROFILE_SAMPLE_TYPE, "samples", "count");
@@ -328,11 +333,12 @@ strobe_pprof_body(report_t *r)
     uint32_t *loc = write_locations(&p, o);
     write_samples(&p, o, loc, values, per_sample);
 
-    long started = long_key(result, "started_at"), duration = long_key(result, "duration");
-    if (!duration && p.s->time && p.s->n) duration = (long)(p.s->time[p.s->n - 1] - p.s->start_us);
-    out_int(o, PROFILE_TIME_NANOS, (int64_t)started * 1000);
-    out_int(o, PROFILE_DURATION_NANOS, (int64_t)duration * 1000);
-    comment(&p, o, rb_sprintf("strobe: mode %"PRIsVALUE", interval %ld, %"PRIsVALUE" samples, %"PRIsVALUE" gc, %"PRIsVALUE" missed",
+    int64_t duration = p.s->duration_us;
+    if (!duration && p.s->time && p.s->n) duration = p.s->time[p.s->n - 1] - p.s->start_us;
+    /* Microseconds below 2**53: in nanoseconds they still fit. */
+    out_int(o, PROFILE_TIME_NANOS, p.s->started_at_us * 1000);
+    out_int(o, PROFILE_DURATION_NANOS, duration * 1000);
+    comment(&p, o, rb_sprintf("strobe: mode %"PRIsVALUE", interval %"PRId64", %"PRIsVALUE" samples, %"PRIsVALUE" gc, %"PRIsVALUE" missed",
                               mode, interval, rb_hash_lookup2(result, strobe_sym("samples"), Qnil),
                               rb_hash_lookup2(result, strobe_sym("gc_samples"), Qnil),
                               rb_hash_lookup2(result, strobe_sym("missed_samples"), Qnil)));
@@ -346,6 +352,9 @@ strobe_pprof_body(report_t *r)
     for (long i = 0; i < RARRAY_LEN(p.string_list); i++) {
         VALUE str = RARRAY_AREF(p.string_list, i);
         out_field(o, PROFILE_STRING_TABLE, WIRE_LEN, RSTRING_PTR(str), (size_t)RSTRING_LEN(str));
+        /* Held on the stack, so pinned: writing can flush to the sink and
+         * run a GC that would move it from under the pointer above. */
+        RB_GC_GUARD(str);
     }
     RB_GC_GUARD(p.strings);
     RB_GC_GUARD(p.string_list);

@@ -16,6 +16,10 @@
 
 #define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
 
+/* Sample times are microseconds below this (2**53: centuries since the
+ * epoch), so differences and sums of a few of them never overflow. */
+#define STROBE_MAX_TIME_US ((int64_t)1 << 53)
+
 /* A result's raw samples in C (samples.c), for the exporters: every stack
  * interned as a node of (parent node, frame, line), where a table frame is a
  * result frame id, and per sample its leaf node, time, thread and state. */
@@ -29,6 +33,9 @@ typedef struct {
     uint32_t *thread;        /* per sample: position in thread_ids; NULL: all thread 0 */
     uint8_t *state;          /* per sample: STROBE_STATE_*; NULL where the result has none */
     int64_t start_us;        /* when profiling started, on the clock of time (or the first time) */
+    /* From the result, checked: interval (0 when absent), and started_at /
+     * duration in microseconds (0 when absent), all in [0, 2**53]. */
+    int64_t interval, started_at_us, duration_us;
     VALUE thread_ids;        /* Array: the result's thread ids, in its order (at least one entry) */
     /* while reading: the previous raw entry (see strobe_samples_read) */
     VALUE *prev_ids;
@@ -99,7 +106,7 @@ strobe_samples_t *strobe_samples_read(report_t *r, const char *what);
 void strobe_samples_free(strobe_samples_t *s);
 /* The samples' indexes grouped by thread (in the order of thread_ids),
  * time-ordered within each; *starts gets each thread's first position
- * (threads + 1 entries). Both in r's scratch[3..5]. */
+ * (threads + 1 entries). Both in r's scratch[3..5] (and 7). */
 size_t *strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts);
 /* Thread t's name for display: Thread#name, else "main" for the main
  * thread, else "thread ID"; *is_main (if given) says whether it is main. */
@@ -114,6 +121,23 @@ VALUE strobe_export(VALUE (*body)(report_t *r), const char *what, VALUE result, 
 VALUE strobe_pprof_body(report_t *r);
 VALUE strobe_firefox_body(report_t *r);
 VALUE strobe_speedscope_body(report_t *r);
+/* a * b and a + b, or ProfileError naming what overflowed. */
+static inline int64_t
+strobe_checked_mul(int64_t a, int64_t b, const char *what)
+{
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r)) CORRUPT("%s is too large", what);
+    return r;
+}
+
+static inline int64_t
+strobe_checked_add(int64_t a, int64_t b, const char *what)
+{
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r)) CORRUPT("%s is too large", what);
+    return r;
+}
+
 /* A count read from a result: a non-negative Integer below 2**64, 0 for nil. */
 uint64_t strobe_count_of(VALUE v, const char *what);
 
@@ -211,6 +235,9 @@ out_finish(out_t *o)
 /* A Ruby string as a JSON string literal (quoted, escaped; invalid UTF-8
  * replaced). */
 void strobe_out_json_str(out_t *o, VALUE str);
+/* str as valid UTF-8 (itself when it already is; else converted, with what
+ * cannot be replaced by U+FFFD). */
+VALUE strobe_utf8_of(VALUE str);
 
 static inline void
 out_i64(out_t *o, int64_t n)

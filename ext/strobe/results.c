@@ -293,10 +293,16 @@ log_flatten(const strobe_profile_t *p, sample_log_t *log)
     return 0;
 }
 
-/* The result Hash of profile p (the live one, or a snapshot's copy), its
- * sample log already flattened into log when p kept raw samples. */
+/* What results read besides the profile, taken with it. */
+typedef struct {
+    uint64_t missed, unsampled;
+    int64_t end_us;          /* the latest stop, or when the copy was taken while running */
+} counters_t;
+
+/* The result Hash of p, a copy of the profile, its sample log flattened
+ * into log when p kept raw samples. */
 static VALUE
-results_of(const strobe_profile_t *p, const sample_log_t *log)
+results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t *c)
 {
     const strobe_stack_table_t *st = &p->table;
     VALUE result = rb_hash_new();
@@ -305,7 +311,7 @@ results_of(const strobe_profile_t *p, const sample_log_t *log)
     rb_hash_aset(result, strobe_sym("interval"), p->mode == STROBE_MODE_CUSTOM ? Qnil : LONG2NUM(p->interval));
     rb_hash_aset(result, strobe_sym("samples"), ULL2NUM(p->samples));
     rb_hash_aset(result, strobe_sym("gc_samples"), ULL2NUM(p->gc_samples));
-    rb_hash_aset(result, strobe_sym("missed_samples"), ULL2NUM(strobe_profile_missed()));
+    rb_hash_aset(result, strobe_sym("missed_samples"), ULL2NUM(c->missed));
     /* Strobe's: samples whose stack was deeper than STROBE_MAX_DEPTH frames;
      * they keep the innermost ones under a "(truncated)" root frame. */
     rb_hash_aset(result, strobe_sym("truncated_samples"), ULL2NUM(p->truncated_samples));
@@ -314,8 +320,7 @@ results_of(const strobe_profile_t *p, const sample_log_t *log)
      * for how long (microseconds from the first start to the latest stop,
      * or to now while running). */
     rb_hash_aset(result, strobe_sym("started_at"), LL2NUM(p->started_at_us));
-    int64_t end_us = strobe_sampler_running() || !p->stop_us ? strobe_now_us() : p->stop_us;
-    rb_hash_aset(result, strobe_sym("duration"), LL2NUM(end_us - p->start_us));
+    rb_hash_aset(result, strobe_sym("duration"), LL2NUM(c->end_us - p->start_us));
     rb_hash_aset(result, strobe_sym("pid"), INT2NUM(getpid()));
 
     VALUE frames = rb_hash_new(), details = rb_ary_new_capa(st->frames_len);
@@ -387,7 +392,7 @@ results_of(const strobe_profile_t *p, const sample_log_t *log)
         if (p->safepoint_timer) rb_hash_aset(result, strobe_sym("safepoint_reach"), strobe_sym("running_thread"));
 #endif
     }
-    uint64_t unsampled = strobe_sampler_unsampled_threads();
+    uint64_t unsampled = c->unsampled;
     if (unsampled) rb_hash_aset(result, strobe_sym("unsampled_threads"), ULL2NUM(unsampled));
 
     if (p->raw && log->count)
@@ -396,49 +401,21 @@ results_of(const strobe_profile_t *p, const sample_log_t *log)
     return result;
 }
 
-static VALUE
-free_log(VALUE arg)
-{
-    log_free((sample_log_t *)arg);
-    return Qnil;
-}
-
-typedef struct {
-    const strobe_profile_t *p;
-    sample_log_t *log;
-} results_args_t;
-
-static VALUE
-results_body(VALUE arg)
-{
-    results_args_t *a = (results_args_t *)arg;
-    return results_of(a->p, a->log);
-}
-
-VALUE
-strobe_results_build(void)
-{
-    strobe_profile_t *p = &strobe_profile;
-    strobe_sampler_flush();
-    if (!p->active) return Qnil;
-    sample_log_t log = { 0 };
-    if (p->raw && log_flatten(p, &log) < 0) rb_memerror();
-    results_args_t a = { p, &log };
-    return rb_ensure(results_body, (VALUE)&a, free_log, (VALUE)&log);
-}
-
-/* ---- snapshots: the result so far, while sampling goes on ------------------
+/* ---- building from a copy ---------------------------------------------------
  *
- * The parts of the profile results read are copied under the profile lock
- * (plain memory copies: nothing Ruby runs under it), and the result is
- * built from the copy after the lock is released, so the timer thread goes
- * on draining meanwhile. A hidden object marks (and pins) the copy's frames
- * and Threads while the result is built, in case the profile lets go of
- * them in the meantime. */
+ * Results, and snapshots taken while sampling goes on, are built from a copy
+ * of the parts of the profile they read, taken under the profile lock
+ * (plain memory copies: nothing Ruby runs under it); the timer thread goes
+ * on draining meanwhile. Results then clear the profile at once, before any
+ * Ruby code runs: building calls Ruby (Thread#name, allocations), where
+ * another thread may switch in and call results or start, and must find the
+ * profile already taken. A hidden object marks (and pins) the copy's frames
+ * and Threads while the result is built. */
 
 typedef struct {
     strobe_profile_t copy;   /* table.frames/nodes, node_self, threads: own copies */
     sample_log_t log;
+    counters_t counters;
     int failed;
 } snapshot_t;
 
@@ -495,6 +472,9 @@ snapshot_copy(void *arg)
     c->threads = copy_of(p->threads, (size_t)p->threads_len, sizeof(strobe_profile_thread_t), &s->failed);
     if (c->threads) c->threads_len = p->threads_len;
     if (!s->failed && p->raw && log_flatten(p, &s->log) < 0) s->failed = 1;
+    s->counters.missed = strobe_profile_missed();
+    s->counters.unsampled = strobe_sampler_unsampled_threads();
+    s->counters.end_us = strobe_sampler_running() || !p->stop_us ? strobe_now_us() : p->stop_us;
 }
 
 static VALUE
@@ -516,24 +496,43 @@ snapshot_body(VALUE holder)
 {
     snapshot_t *s = DATA_PTR(holder);
     if (s->failed) rb_memerror();
-    return results_of(&s->copy, &s->log);
+    return results_of(&s->copy, &s->log, &s->counters);
+}
+
+/* The result built from a copy of the profile; with take, the profile is
+ * cleared as soon as it is copied. */
+static VALUE
+results_from_copy(int take)
+{
+    strobe_sampler_flush();
+    if (!strobe_profile.active) return Qnil;
+    /* The holder first: making it may run a GC, which must not find a
+     * half-made copy (an empty one marks nothing). */
+    VALUE holder = TypedData_Wrap_Struct(0, &snapshot_type, NULL);
+    snapshot_t *s = calloc(1, sizeof(*s));
+    if (!s) rb_memerror();
+    DATA_PTR(holder) = s;
+    strobe_profile_lock();
+    snapshot_copy(s);
+    strobe_profile_unlock();
+    if (take) {
+        strobe_profile_clear();
+        strobe_capture_reset();
+        strobe_sampler_forget_unsampled();
+    }
+    VALUE result = rb_ensure(snapshot_body, holder, snapshot_free, holder);
+    RB_GC_GUARD(holder);
+    return result;
+}
+
+VALUE
+strobe_results_take(void)
+{
+    return results_from_copy(1);
 }
 
 VALUE
 strobe_results_snapshot(void)
 {
-    strobe_sampler_flush();
-    if (!strobe_profile.active) return Qnil;
-    snapshot_t *s = calloc(1, sizeof(*s));
-    if (!s) rb_memerror();
-    /* The holder exists before the copy, so making it cannot run a GC
-     * while the copy's VALUEs are unmarked. */
-    VALUE holder = TypedData_Wrap_Struct(0, &snapshot_type, NULL);
-    strobe_profile_lock();
-    snapshot_copy(s);
-    DATA_PTR(holder) = s;
-    strobe_profile_unlock();
-    VALUE result = rb_ensure(snapshot_body, holder, snapshot_free, holder);
-    RB_GC_GUARD(holder);
-    return result;
+    return results_from_copy(0);
 }

@@ -71,6 +71,7 @@
  */
 #include "strobe.h"
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
@@ -115,6 +116,9 @@ static struct {
     rb_internal_thread_event_hook_t *gvl_hook;
 #endif
     int track_states;        /* this round records GVL states */
+
+    /* a descriptor forked children close (strobe serve's socket), -1 none */
+    int child_fd, null_fd;
 
     /* thread begin/end (every mode) and object mode */
     VALUE thread_hook;
@@ -1002,6 +1006,18 @@ atfork_child(void)
     S.process_timer = 0;
     S.safepoint_timer = 0;
     strobe_capture_reset();
+    /* strobe serve's listening socket: put /dev/null in its place, so
+     * the child does not hold the port (its IO object, left with
+     * /dev/null, closes that instead). */
+    if (S.child_fd >= 0 && S.null_fd >= 0) dup2(S.null_fd, S.child_fd);
+}
+
+void
+strobe_sampler_close_in_children(int fd)
+{
+    if (S.null_fd < 0) S.null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (S.null_fd < 0) rb_sys_fail("/dev/null");
+    S.child_fd = fd;
 }
 
 /* The VM is going away: no handler may touch it any more. */
@@ -1028,6 +1044,7 @@ strobe_sampler_init(void)
     S.thread_hook = Qnil;
     S.only = Qnil;
     S.excluded = Qnil;
+    S.child_fd = S.null_fd = -1;
     atomic_store(&S.vm_alive, 1);
 #ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
     S.job = rb_postponed_job_preregister(0, drain_job, NULL);

@@ -16,6 +16,8 @@
  */
 #include "report.h"
 #include <stdlib.h>
+#include <inttypes.h>
+#include <string.h>
 
 static VALUE
 key(VALUE hash, const char *name)
@@ -67,11 +69,19 @@ count_raw_samples(VALUE raw, long limit)
         if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
         long count = strobe_fixnum_at(raw, i + depth + 1, "raw");
         if (count < 0 || count > limit - total)
-            CORRUPT("raw has %ld samples at index %ld, more than its per-sample arrays hold", count, i);
+            CORRUPT("raw has %ld samples at index %ld, more than the profile's samples and per-sample arrays hold",
+                    count, i);
         total += count;
         i += depth + 2;
     }
     return (size_t)total;
+}
+
+static int
+push_key(VALUE k, VALUE v, VALUE ary)
+{
+    rb_ary_push(ary, k);
+    return ST_CONTINUE;
 }
 
 static void
@@ -79,32 +89,32 @@ read_threads(strobe_samples_t *s, VALUE result, VALUE sample_threads)
 {
     VALUE threads = key(result, "threads");
     if (!NIL_P(threads) && !RB_TYPE_P(threads, T_HASH)) CORRUPT("threads is not a Hash");
-    s->thread_ids = NIL_P(threads) ? rb_ary_new() : rb_funcall(threads, rb_intern("keys"), 0);
+    s->thread_ids = rb_ary_new();
+    if (!NIL_P(threads)) rb_hash_foreach(threads, push_key, s->thread_ids);
     if (NIL_P(sample_threads)) {
         if (RARRAY_LEN(s->thread_ids) == 0) rb_ary_push(s->thread_ids, Qnil); /* one unnamed thread */
         return;
     }
     if ((size_t)RARRAY_LEN(sample_threads) != s->n)
         CORRUPT("raw_sample_threads has %ld entries for %zu samples", RARRAY_LEN(sample_threads), s->n);
-    st_table *pos = st_init_numtable();
+    VALUE pos = rb_hash_new(); /* thread id -> position */
     for (long k = 0; k < RARRAY_LEN(s->thread_ids); k++) {
         VALUE id = RARRAY_AREF(s->thread_ids, k);
-        if (!FIXNUM_P(id)) { st_free_table(pos); CORRUPT("thread id %+"PRIsVALUE" is not an integer", id); }
-        st_insert(pos, (st_data_t)id, (st_data_t)k);
+        if (!FIXNUM_P(id)) CORRUPT("thread id %+"PRIsVALUE" is not an integer", id);
+        rb_hash_aset(pos, id, LONG2FIX(k));
     }
     s->thread = alloc_n(s->n, sizeof(uint32_t));
-    VALUE last = Qundef;
-    st_data_t at = 0;
+    VALUE last = Qundef, at = Qundef;
     for (size_t k = 0; k < s->n; k++) {
         VALUE id = RARRAY_AREF(sample_threads, (long)k);
-        if (id != last && !st_lookup(pos, (st_data_t)id, &at)) {
-            st_free_table(pos);
-            CORRUPT("raw_sample_threads[%zu] is %+"PRIsVALUE", not a thread of the profile", k, id);
+        if (id != last) {
+            at = FIXNUM_P(id) ? rb_hash_lookup2(pos, id, Qundef) : Qundef;
+            if (at == Qundef) CORRUPT("raw_sample_threads[%zu] is %+"PRIsVALUE", not a thread of the profile", k, id);
+            last = id;
         }
-        last = id;
-        s->thread[k] = (uint32_t)at;
+        s->thread[k] = (uint32_t)FIX2LONG(at);
     }
-    st_free_table(pos);
+    RB_GC_GUARD(pos);
     if (RARRAY_LEN(s->thread_ids) == 0) rb_ary_push(s->thread_ids, Qnil);
 }
 
@@ -125,14 +135,20 @@ read_times(strobe_samples_t *s, VALUE stamps, VALUE deltas)
         int64_t t = 0;
         for (size_t k = 0; k < s->n; k++) {
             long d = strobe_fixnum_at(deltas, (long)k, "raw_timestamp_deltas");
-            if (d < 0 || __builtin_add_overflow(t, d, &t)) CORRUPT("raw_timestamp_deltas[%zu] is out of range", k);
+            if (d < 0 || d > STROBE_MAX_TIME_US - t) CORRUPT("raw_timestamp_deltas[%zu] is out of range", k);
+            t += d;
             s->time[k] = t;
         }
         return;
     }
     /* In the order samples were recorded: per thread, and across threads,
-     * nearly but not strictly by time. */
-    for (size_t k = 0; k < s->n; k++) s->time[k] = strobe_fixnum_at(stamps, (long)k, "raw_sample_timestamps");
+     * nearly but not strictly by time. Microseconds of a monotonic clock
+     * or since the epoch: far below 2**53, so no difference overflows. */
+    for (size_t k = 0; k < s->n; k++) {
+        long t = strobe_fixnum_at(stamps, (long)k, "raw_sample_timestamps");
+        if (t < 0 || t > STROBE_MAX_TIME_US) CORRUPT("raw_sample_timestamps[%zu] is out of range", k);
+        s->time[k] = t;
+    }
     s->start_us = s->n ? s->time[0] : 0;
     if (s->n && !NIL_P(deltas)) {
         long first = strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas");
@@ -155,6 +171,16 @@ read_states(strobe_samples_t *s, VALUE states)
     }
 }
 
+/* result[name]: an Integer in [0, max], 0 when absent. */
+static int64_t
+bounded_key(VALUE result, const char *name, int64_t max)
+{
+    VALUE v = key(result, name);
+    if (NIL_P(v)) return 0;
+    if (!FIXNUM_P(v) || FIX2LONG(v) < 0 || FIX2LONG(v) > max) CORRUPT("%s is not an integer from 0 to %"PRId64, name, max);
+    return FIX2LONG(v);
+}
+
 strobe_samples_t *
 strobe_samples_read(report_t *r, const char *what)
 {
@@ -175,12 +201,17 @@ strobe_samples_read(report_t *r, const char *what)
     if (!s) rb_memerror();
     s->thread_ids = Qnil;
     r->samples_read = s; /* freed with the report from here on */
+    /* At most the profile's samples (raw holds all of them, or those of
+     * the rounds that kept raw data), and the per-sample arrays' length:
+     * a hostile count cannot make us expand billions of samples. */
+    uint64_t samples = strobe_count_of(key(result, "samples"), "samples");
     long limit = !NIL_P(stamps) ? RARRAY_LEN(stamps) : !NIL_P(sample_threads) ? RARRAY_LEN(sample_threads) : LONG_MAX;
+    if ((uint64_t)limit > samples) limit = samples > LONG_MAX ? LONG_MAX : (long)samples;
     s->n = count_raw_samples(raw, limit);
     if (s->n > UINT32_MAX) CORRUPT("too many samples");
 
+    s->table_ready = 1; /* freeing a table partly made is safe */
     strobe_stack_table_init(&s->table);
-    s->table_ready = 1;
     s->node = alloc_n(s->n, sizeof(uint32_t));
     long len = RARRAY_LEN(raw);
     size_t at = 0;
@@ -189,7 +220,11 @@ strobe_samples_read(report_t *r, const char *what)
      * (path[0]: the root): an entry reuses the part it shares with the one
      * before, as runs of stacks mostly change near the leaf. Unfiltered
      * only (a filter's dropped frames are not in the path). */
-    long prev_depth = 0, capa = 0;
+    long prev_depth = 0, capa = 16;
+    s->prev_ids = ALLOC_N(VALUE, capa);
+    s->prev_lines = ALLOC_N(int32_t, capa);
+    s->path = ALLOC_N(uint32_t, capa + 1);
+    s->path[0] = 0; /* the root: where an empty or wholly new stack starts */
     for (long i = 0; i < len;) {
         long depth = FIX2LONG(RARRAY_AREF(raw, i)); /* checked by count_raw_samples */
         if (depth > capa) {
@@ -197,7 +232,6 @@ strobe_samples_read(report_t *r, const char *what)
             REALLOC_N(s->prev_ids, VALUE, capa);
             REALLOC_N(s->prev_lines, int32_t, capa);
             REALLOC_N(s->path, uint32_t, capa + 1);
-            s->path[0] = 0;
         }
         long level = 0;
         if (!filtered) {
@@ -235,6 +269,10 @@ strobe_samples_read(report_t *r, const char *what)
     for (uint32_t f = 0; f < s->table.frames_len; f++)
         s->frame_pos[f] = strobe_report_frame_pos(r, s->table.frames[f].value, 0);
 
+    /* Strobe's intervals are up to 2**31 - 1 (allocations); times fit 2**53. */
+    s->interval = bounded_key(result, "interval", INT32_MAX);
+    s->started_at_us = bounded_key(result, "started_at", STROBE_MAX_TIME_US);
+    s->duration_us = bounded_key(result, "duration", STROBE_MAX_TIME_US);
     read_times(s, stamps, optional_array(result, "raw_timestamp_deltas"));
     read_threads(s, result, sample_threads);
     read_states(s, optional_array(result, "raw_sample_states"));
@@ -254,6 +292,24 @@ strobe_samples_thread_name(const strobe_samples_t *s, VALUE result, long t, int 
     return main ? rb_str_new_cstr("main") : rb_sprintf("thread %+"PRIsVALUE, id);
 }
 
+/* idx[0, n) sorted by time[idx], stably: bottom-up merge sort through tmp,
+ * each run merged only when it is out of order with the next. */
+static void
+sort_by_time(const int64_t *time, size_t *idx, size_t *tmp, size_t n)
+{
+    for (size_t width = 1; width < n; width *= 2) {
+        for (size_t lo = 0; lo + width < n; lo += 2 * width) {
+            size_t mid = lo + width, hi = mid + width < n ? mid + width : n;
+            if (time[idx[mid - 1]] <= time[idx[mid]]) continue; /* already in order */
+            size_t a = lo, b = mid, k = lo;
+            while (a < mid && b < hi) tmp[k++] = time[idx[b]] < time[idx[a]] ? idx[b++] : idx[a++];
+            while (a < mid) tmp[k++] = idx[a++];
+            while (b < hi) tmp[k++] = idx[b++];
+            memcpy(idx + lo, tmp + lo, (hi - lo) * sizeof(size_t));
+        }
+    }
+}
+
 size_t *
 strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts)
 {
@@ -266,15 +322,12 @@ strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts
     for (long t = 0; t < threads; t++) start[t + 1] += start[t];
     for (long t = 0; t < threads; t++) fill[t] = start[t];
     for (size_t k = 0; k < s->n; k++) order[fill[s->thread ? s->thread[k] : 0]++] = k;
-    /* Then by time within each thread (stable; recorded nearly in order,
-     * so usually nothing moves). */
-    if (s->time)
-        for (long t = 0; t < threads; t++)
-            for (size_t i = start[t] + 1; i < start[t + 1]; i++) {
-                size_t v = order[i], j = i;
-                while (j > start[t] && s->time[order[j - 1]] > s->time[v]) { order[j] = order[j - 1]; j--; }
-                order[j] = v;
-            }
+    /* Then by time within each thread: a stable merge sort (samples are
+     * recorded nearly in order, but merged profiles can come in any). */
+    if (s->time) {
+        size_t *tmp = r->scratch[7] = ALLOC_N(size_t, s->n ? s->n : 1);
+        for (long t = 0; t < threads; t++) sort_by_time(s->time, order + start[t], tmp, start[t + 1] - start[t]);
+    }
     *starts = start;
     return order;
 }

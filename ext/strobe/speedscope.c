@@ -54,8 +54,7 @@ strobe_speedscope_body(report_t *r)
     int64_t *weights = r->scratch[2] = ALLOC_N(int64_t, s->n ? s->n : 1);
 
     VALUE mode = rb_hash_lookup2(result, strobe_sym("mode"), Qnil);
-    VALUE iv = rb_hash_lookup2(result, strobe_sym("interval"), Qnil);
-    int64_t interval = FIXNUM_P(iv) && FIX2LONG(iv) > 0 ? FIX2LONG(iv) : 1;
+    int64_t interval = s->interval > 0 ? s->interval : 1;
     int wall = mode == strobe_sym("wall"), cpu = mode == strobe_sym("cpu"), object = mode == strobe_sym("object");
     int timed = (wall || cpu) && s->time;
     if (!(wall || cpu || object)) interval = 1;
@@ -94,7 +93,7 @@ strobe_speedscope_body(report_t *r)
             else weights[i] = s->time[order[i + 1]] - s->time[order[i]];
         }
         int64_t start = timed ? s->time[order[from]] - s->start_us : 0, end = start;
-        for (size_t i = from; i < to; i++) end += weights[i];
+        for (size_t i = from; i < to; i++) end = strobe_checked_add(end, weights[i], "the samples' total weight");
         if (!first_profile) OUT_LIT(o, ",");
         first_profile = 0;
         OUT_LIT(o, "{\"type\":\"sampled\",\"name\":");
@@ -116,7 +115,7 @@ strobe_speedscope_body(report_t *r)
         for (size_t i = from; i < to;) {
             size_t j = i + 1;
             int64_t w = weights[i];
-            while (j < to && s->node[order[j]] == s->node[order[i]]) w += weights[j++];
+            while (j < to && s->node[order[j]] == s->node[order[i]]) w += weights[j++]; /* a part of end: no overflow */
             if (i > from) OUT_LIT(o, ",");
             out_i64(o, w);
             i = j;

@@ -215,29 +215,12 @@ native_define_stackprof(VALUE self, VALUE mod)
     return Qnil;
 }
 
-static VALUE
-clear_profile(VALUE unused)
-{
-    (void)unused;
-    strobe_profile_clear();
-    strobe_capture_reset();
-    strobe_sampler_forget_unsampled();
-    return Qnil;
-}
-
-static VALUE
-build_results(VALUE unused)
-{
-    (void)unused;
-    return strobe_results_build();
-}
-
 /* Strobe::Native.results -> Hash or nil. Forgets what it returns. */
 static VALUE
 native_results(VALUE self)
 {
     if (strobe_sampler_running()) return Qnil;
-    return rb_ensure(build_results, Qnil, clear_profile, Qnil);
+    return strobe_results_take();
 }
 
 /* Strobe::Native.snapshot -> Hash or nil: the result so far, while
@@ -254,6 +237,15 @@ static VALUE
 native_exclude_current_thread(VALUE self)
 {
     strobe_sampler_exclude_current();
+    return Qnil;
+}
+
+/* Strobe::Native.close_in_children(fd): forked children replace fd by
+ * /dev/null as they start (strobe serve's listening socket). */
+static VALUE
+native_close_in_children(VALUE self, VALUE fd)
+{
+    strobe_sampler_close_in_children(NUM2INT(fd));
     return Qnil;
 }
 
@@ -294,6 +286,7 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
     rb_define_singleton_method(mNative, "snapshot", native_snapshot, 0);
     rb_define_singleton_method(mNative, "exclude_current_thread", native_exclude_current_thread, 0);
+    rb_define_singleton_method(mNative, "close_in_children", native_close_in_children, 1);
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */
     rb_define_const(mNative, "SIGNAL", rb_str_new_cstr(STROBE_SIGNAL_TRAP));
     /* Whether scheduler: :thread can read threads other than the running

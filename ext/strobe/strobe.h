@@ -385,14 +385,19 @@ void strobe_sampler_flush(void);
 /* GVL held: the calling thread (one of Strobe's own, such as strobe
  * serve's HTTP server) is never profiled from now on. */
 void strobe_sampler_exclude_current(void);
+/* A forked child puts /dev/null in place of descriptor fd (strobe serve's
+ * listening socket), in the atfork child handler. */
+void strobe_sampler_close_in_children(int fd);
 /* Registered thread whose tid matches the caller (signal handler). */
 void strobe_sampler_mark(void);
 
 /* ---- results.c ----------------------------------------------------------- */
 
-VALUE strobe_results_build(void);
-/* The result so far, while profiling goes on (or nil): built from a copy
- * of the profile taken under the profile lock. */
+/* The result of the profile (nil when nothing was started), which is
+ * cleared: built from a copy taken under the profile lock. */
+VALUE strobe_results_take(void);
+/* The result so far, while profiling goes on (or nil), the same way; the
+ * profile is kept. */
 VALUE strobe_results_snapshot(void);
 void strobe_results_aggregate(const strobe_node_t *nodes, uint32_t nodes_len, const uint64_t *self,
                               VALUE details_by_frame, VALUE frame_ids, uint32_t frames_len, int aggregate);

@@ -102,6 +102,8 @@ module Strobe
     def serve
       require_relative "serve"
       port = integer("STROBE_SERVE", present("STROBE_SERVE"))
+      raise ArgumentError, "STROBE_SERVE must be a port from 0 to 65535, got #{port}" unless port.between?(0, 65_535)
+
       opts = options.slice(:mode, :interval, :ignore_gc).merge(raw: true)
       begin
         server = Serve.new(port, err: @err)
@@ -134,17 +136,28 @@ module Strobe
     private
 
     # At exit: profiling stops, the profile stays served until INT or TERM.
+    # What the program wrote is flushed first, and how it ended is said
+    # (Ruby prints an uncaught exception's backtrace only after this).
     def keep_serving(server)
       return unless Process.pid == @pid
 
       Strobe.stop
-      @err.puts "strobe: the program has finished; its profile is still served at #{server.url} (Ctrl-C to quit)"
+      [$stdout, $stderr].each { |io| io.flush rescue nil } # rubocop:disable Style/RescueModifier
+      @err.puts "strobe: #{how_it_ended($!)}; its profile is still served at #{server.url} (Ctrl-C to quit)"
       done = Queue.new
       %w[INT TERM].each { |signal| trap(signal) { done << signal } }
       done.pop
       server.stop
     rescue Interrupt
       server.stop
+    end
+
+    def how_it_ended(error)
+      case error
+      when nil then "the program has finished"
+      when SystemExit then error.success? ? "the program has finished" : "the program exited with status #{error.status}"
+      else "the program ended with #{error.class}: #{error.message.lines.first&.chomp}"
+      end
     end
 
     def finish(out)

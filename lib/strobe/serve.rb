@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "socket"
+require "io/wait"
 require "zlib"
 require "uri"
 
@@ -14,13 +15,47 @@ module Strobe
   #                       https://profiler.firefox.com/from-url/... can load it
   #   GET /               a page linking to it and to the profiler
   #
-  # Connections are served one at a time; a request that is not complete
-  # within READ_TIMEOUT seconds is dropped. Started by lib/strobe/autorun.rb
-  # when STROBE_SERVE is set (see `strobe serve --help`).
+  # Connections are served one at a time, each within deadlines: a request
+  # not complete within REQUEST_TIMEOUT seconds, or a response the client
+  # has not taken within RESPONSE_TIMEOUT, is dropped, so one stalled client
+  # cannot keep others waiting. Forked children close the listening socket
+  # (in Strobe's fork handler), so the port is free once this process ends.
+  # Started by lib/strobe/autorun.rb when STROBE_SERVE is set (see
+  # `strobe serve --help`).
   class Serve
     PATH = "/profile.json"
-    READ_TIMEOUT = 5
+    REQUEST_TIMEOUT = 5
+    RESPONSE_TIMEOUT = 10
     MAX_REQUEST = 16 * 1024
+
+    # A client too slow to send its request or take the response.
+    class Timeout < StandardError; end
+
+    # Writes to a socket until a deadline: what the exporters stream into.
+    class DeadlineWriter
+      def initialize(io, deadline)
+        @io = io
+        @deadline = deadline
+      end
+
+      def write(data)
+        data = data.b
+        until data.empty?
+          written = @io.write_nonblock(data, exception: false)
+          if written == :wait_writable
+            left = @deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+            raise Timeout, "the client did not take the response in #{RESPONSE_TIMEOUT} s" unless left.positive? && @io.wait_writable(left)
+            next
+          end
+          data = data.byteslice(written..)
+        end
+        self
+      end
+
+      def flush
+        self
+      end
+    end
     PROFILER = "https://profiler.firefox.com/from-url/"
 
     attr_reader :port
@@ -31,6 +66,7 @@ module Strobe
       @server = TCPServer.new("127.0.0.1", port)
       @port = @server.addr[1]
       @err = err
+      Native.close_in_children(@server.fileno)
     end
 
     def url
@@ -67,6 +103,8 @@ module Strobe
         client = @server.accept
         begin
           handle(client)
+        rescue Timeout => e
+          note e.message
         rescue StandardError => e
           # A client that went away, or a request we could not answer: the
           # program being profiled must not notice.
@@ -81,25 +119,32 @@ module Strobe
 
     def handle(client)
       request = read_request(client)
-      return respond(client, 400, "text/plain", "bad request\n") unless request
+      out = DeadlineWriter.new(client, now + RESPONSE_TIMEOUT)
+      return respond(out, 400, "text/plain", "bad request\n") unless request
 
       method, target, headers = request
       path = target.split("?", 2).first
       case [method, path]
-      in ["GET", PATH] then send_profile(client, headers)
-      in ["GET", "/"] then respond(client, 200, "text/html; charset=utf-8", index_page)
-      in ["OPTIONS", _] then respond(client, 204, nil, "")
-      in ["GET", _] then respond(client, 404, "text/plain", "not found: #{PATH} has the profile\n")
-      else respond(client, 405, "text/plain", "only GET\n")
+      in ["GET", PATH] then send_profile(out, headers)
+      in ["GET", "/"] then respond(out, 200, "text/html; charset=utf-8", index_page)
+      in ["OPTIONS", _] then respond(out, 204, nil, "")
+      in ["GET", _] then respond(out, 404, "text/plain", "not found: #{PATH} has the profile\n")
+      else respond(out, 405, "text/plain", "only GET\n")
       end
     end
 
+    def now
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+
     # [method, target, {header => value}] or nil for a request that is not
-    # HTTP, too large, or not complete in time.
+    # HTTP, too large, or not complete within REQUEST_TIMEOUT.
     def read_request(client)
       data = +""
+      deadline = now + REQUEST_TIMEOUT
       until data.include?("\r\n\r\n")
-        return nil unless client.wait_readable(READ_TIMEOUT)
+        left = deadline - now
+        return nil unless left.positive? && client.wait_readable(left)
 
         chunk = client.read_nonblock(4096, exception: false)
         return nil if chunk.nil? || data.bytesize > MAX_REQUEST
@@ -115,21 +160,21 @@ module Strobe
       [method, target, headers]
     end
 
-    def send_profile(client, headers)
+    def send_profile(out, headers)
       result = Strobe.snapshot
-      return respond(client, 503, "text/plain", "no profile: profiling has not started\n") unless result
+      return respond(out, 503, "text/plain", "no profile: profiling has not started\n") unless result
 
       gzip = headers.fetch("accept-encoding", "").split(",").any? { |e| e.strip.start_with?("gzip") }
-      client.write(head(200, "application/json", nil, ("Content-Encoding: gzip\r\n" if gzip)))
+      out.write(head(200, "application/json", nil, ("Content-Encoding: gzip\r\n" if gzip)))
       if gzip
-        Zlib::GzipWriter.wrap(ProfileFile::KeepOpen.new(client)) { |gz| Native.export_firefox(result, nil, gz) }
+        Zlib::GzipWriter.wrap(ProfileFile::KeepOpen.new(out)) { |gz| Native.export_firefox(result, nil, gz) }
       else
-        Native.export_firefox(result, nil, client)
+        Native.export_firefox(result, nil, out)
       end
     end
 
-    def respond(client, status, type, body)
-      client.write(head(status, type, body.bytesize) + body)
+    def respond(out, status, type, body)
+      out.write(head(status, type, body.bytesize) + body)
     end
 
     REASONS = { 200 => "OK", 204 => "No Content", 400 => "Bad Request", 404 => "Not Found",
