@@ -110,7 +110,7 @@ module Strobe
     # started_at: the earliest start; duration: from there to the latest end.
     def merge_span(list, merged)
       spans = list.map { |r| [r[:started_at], r[:duration]] }
-      unless spans.flatten.all?(Integer)
+      unless spans.all? { |span| span.all?(Integer) }
         merged.delete(:started_at)
         merged.delete(:duration)
         return

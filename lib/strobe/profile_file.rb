@@ -259,6 +259,7 @@ module Strobe
         metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
       }
       header[:truncated_samples] = count(doc[:truncated_samples], "#{name}: truncated_samples") if doc.key?(:truncated_samples)
+      %i[started_at duration pid].each { |key| header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key) }
       header
     end
 
