@@ -47,9 +47,19 @@ module Strobe
                    format: opts.key?(:format) ? options.format : @pending[:format] || options.format,
                    on_result: options.on_result || @pending[:on_result] }
       @pending.start(settings) do
-        Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                     options.threads_list, options.native_timer)
+        if options.trace?
+          @trace_options = options
+          Native.trace_start(options.clock == :cpu, options.threads_list, !options.exclude.empty?)
+        else
+          Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                       options.threads_list, options.native_timer)
+        end
       end
+    end
+
+    # Called by the tracer (C) once per new method when exclude: was given.
+    def trace_excluded?(name, file)
+      @trace_options.excluded?(name, file)
     end
 
     # The result of everything sampled since the last call, or nil while

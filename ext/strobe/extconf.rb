@@ -31,6 +31,9 @@ have_func("ruby_thread_has_gvl_p")
 # scheduler (scheduler: :thread) then samples every profiled thread, not just
 # the one holding the GVL.
 have_func("rb_profile_thread_frames", "ruby/debug.h")
+# Ruby 3.2+: the object a singleton class belongs to (trace mode's method
+# names; 3.1 reads the class's __attached__).
+have_func("rb_class_attached_object", "ruby.h")
 
 
 create_makefile("strobe/strobe")

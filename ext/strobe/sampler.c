@@ -139,6 +139,18 @@ profiled(VALUE thread)
 }
 
 void
+strobe_sampler_only(VALUE threads)
+{
+    S.only = threads;
+}
+
+int
+strobe_sampler_profiled(VALUE thread)
+{
+    return profiled(thread);
+}
+
+void
 strobe_sampler_exclude_current(void)
 {
     if (NIL_P(S.excluded)) S.excluded = rb_ary_new();

@@ -71,11 +71,30 @@ mode_from_sym(VALUE mode)
 /* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer) -> bool
  * threads: nil for every thread, or an Array of Threads; timer: :threads
  * or :process (see sampler.c). */
+/* threads: nil, or an Array of Threads (checked, copied). */
+static VALUE
+threads_arg(VALUE threads)
+{
+    if (NIL_P(threads)) return threads;
+    Check_Type(threads, T_ARRAY);
+    for (long i = 0; i < RARRAY_LEN(threads); i++)
+        if (!rb_obj_is_kind_of(RARRAY_AREF(threads, i), rb_cThread))
+            rb_raise(rb_eArgError, "threads: must hold Thread objects, got %+"PRIsVALUE, RARRAY_AREF(threads, i));
+    return rb_ary_dup(threads);
+}
+
+static int
+running(void)
+{
+    return strobe_sampler_running() || strobe_trace_running();
+}
+
 static VALUE
 native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
              VALUE timer)
 {
-    if (strobe_sampler_running()) return Qfalse;
+    if (running()) return Qfalse;
+    if (strobe_trace_active()) rb_raise(eStrobeError, "a trace is waiting for its results: call Strobe.results first");
     strobe_mode_t m = mode_from_sym(mode);
     long iv = NIL_P(interval) ? 0 : NUM2LONG(interval);
     if ((m == STROBE_MODE_WALL || m == STROBE_MODE_CPU) && (iv < 1 || iv > 1000000))
@@ -83,13 +102,7 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     if (m == STROBE_MODE_OBJECT && iv < 1)
         rb_raise(rb_eArgError, "interval for :object mode must be at least 1, got %ld", iv);
 
-    if (!NIL_P(threads)) {
-        Check_Type(threads, T_ARRAY);
-        for (long i = 0; i < RARRAY_LEN(threads); i++)
-            if (!rb_obj_is_kind_of(RARRAY_AREF(threads, i), rb_cThread))
-                rb_raise(rb_eArgError, "threads: must hold Thread objects, got %+"PRIsVALUE, RARRAY_AREF(threads, i));
-        threads = rb_ary_dup(threads);
-    }
+    threads = threads_arg(threads);
     int fresh = !strobe_profile.active;
     strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
     strobe_timer_t t = timer == strobe_sym("process")      ? STROBE_TIMER_PROCESS
@@ -103,11 +116,31 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     return Qtrue;
 }
 
+/* Strobe::Native.trace_start(cpu, threads, exclusions) -> bool: mode
+ * :trace (trace.c); false when already running. */
+static VALUE
+native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE exclusions)
+{
+    if (running()) return Qfalse;
+    if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
+    strobe_sampler_only(threads_arg(threads));
+    strobe_trace_start(RTEST(cpu), RTEST(exclusions));
+    return Qtrue;
+}
+
+/* Stops whichever runs: the sampler or the tracer. */
+static void
+stop_any(void)
+{
+    if (strobe_trace_running()) strobe_trace_stop();
+    else strobe_sampler_stop();
+}
+
 static VALUE
 native_stop(VALUE self)
 {
-    if (!strobe_sampler_running()) return Qfalse;
-    strobe_sampler_stop();
+    if (!running()) return Qfalse;
+    stop_any();
     return Qtrue;
 }
 
@@ -127,7 +160,7 @@ native_thread_registry(VALUE self)
 static VALUE
 native_running_p(VALUE self)
 {
-    return strobe_sampler_running() ? Qtrue : Qfalse;
+    return running() ? Qtrue : Qfalse;
 }
 
 static VALUE
@@ -148,7 +181,7 @@ static VALUE
 stop_after_block(VALUE unused)
 {
     (void)unused;
-    if (strobe_sampler_running()) strobe_sampler_stop();
+    if (running()) stop_any();
     return Qnil;
 }
 
@@ -157,8 +190,8 @@ stop_after_block(VALUE unused)
 static VALUE
 strobe_stop(VALUE self)
 {
-    if (!strobe_sampler_running()) return Qfalse;
-    strobe_sampler_stop();
+    if (!running()) return Qfalse;
+    stop_any();
     rb_funcall(mStrobe, rb_intern("stopped"), 0);
     return Qtrue;
 }
@@ -219,7 +252,8 @@ native_define_stackprof(VALUE self, VALUE mod)
 static VALUE
 native_results(VALUE self)
 {
-    if (strobe_sampler_running()) return Qnil;
+    if (running()) return Qnil;
+    if (strobe_trace_active()) return rb_funcall(mNative, rb_intern("trace_results"), 0);
     return strobe_results_take();
 }
 
@@ -273,6 +307,7 @@ Init_strobe(void)
     strobe_sampler_init();
 
     rb_define_singleton_method(mNative, "start", native_start, 7);
+    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 3);
     rb_define_singleton_method(mNative, "stop", native_stop, 0);
     rb_define_singleton_method(mNative, "running?", native_running_p, 0);
     rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);
@@ -305,4 +340,5 @@ Init_strobe(void)
     strobe_compact_define(mNative);
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
+    strobe_trace_define(mNative);
 }

@@ -385,6 +385,12 @@ void strobe_sampler_flush(void);
 /* GVL held: the calling thread (one of Strobe's own, such as strobe
  * serve's HTTP server) is never profiled from now on. */
 void strobe_sampler_exclude_current(void);
+/* GVL held: whether thread is to be profiled (the threads: option, and not
+ * one of Strobe's own); for the sampler and the tracer alike. */
+int strobe_sampler_profiled(VALUE thread);
+/* The threads to profile: an Array of Threads, or nil for all (tracing;
+ * sampling sets it as it starts). */
+void strobe_sampler_only(VALUE threads);
 /* A forked child puts /dev/null in place of descriptor fd (strobe serve's
  * listening socket), in the atfork child handler. */
 void strobe_sampler_close_in_children(int fd);
@@ -410,6 +416,15 @@ VALUE strobe_results_states(const uint64_t *counts);
 VALUE strobe_state_sym(int state);
 /* The STROBE_STATE_* of such a Symbol, or -1. */
 int strobe_state_of(VALUE sym);
+
+/* ---- trace.c: mode :trace ----------------------------------------------------- */
+
+void strobe_trace_define(VALUE mNative);
+void strobe_trace_start(int cpu, int exclusions);
+void strobe_trace_stop(void);
+int strobe_trace_running(void);
+/* Something was traced since the last results. */
+int strobe_trace_active(void);
 
 /* ---- compact.c ------------------------------------------------------------ */
 

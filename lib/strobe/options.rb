@@ -7,8 +7,13 @@ module Strobe
   # Validates the options of Strobe.start/run. Every problem raises
   # ArgumentError naming the option, before anything is started.
   class Options
-    MODES = %i[wall cpu object custom].freeze
-    KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer scheduler].freeze
+    MODES = %i[wall cpu object custom trace].freeze
+    KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer scheduler clock
+              exclude].freeze
+    # mode: :trace's clocks: elapsed time, or each thread's own CPU time.
+    CLOCKS = %i[wall cpu].freeze
+    # Options for sampling only, refused with mode: :trace.
+    SAMPLING_ONLY = %i[interval raw aggregate ignore_gc timer scheduler].freeze
     # File formats results can write (out:, format:): Strobe's own JSON,
     # SamplingProf's text, pprof's profile.proto (gzipped), the Firefox
     # Profiler's JSON and speedscope's JSON.
@@ -21,13 +26,14 @@ module Strobe
     # :signals, samples taken by timer signals (timer: says which); :thread,
     # no signals at all: Strobe's thread asks for samples at safe points.
     SCHEDULERS = %i[signals thread].freeze
-    DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1, custom: nil }.freeze
+    DEFAULT_INTERVAL = { wall: 1000, cpu: 1000, object: 1, custom: nil, trace: nil }.freeze
     # Time modes: microseconds in [MIN_TIME_INTERVAL, MAX_TIME_INTERVAL].
     MIN_TIME_INTERVAL = 1
     MAX_TIME_INTERVAL = 1_000_000
     MAX_OBJECT_INTERVAL = 2**31 - 1
 
-    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer, :scheduler
+    attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer,
+                :scheduler, :clock, :exclude
 
     def initialize(opts)
       unknown = opts.keys - KEYS
@@ -37,6 +43,7 @@ module Strobe
       end
 
       @mode = parse_mode(opts.fetch(:mode, :wall))
+      check_trace_options(opts)
       @interval = parse_interval(opts[:interval])
       @format = parse_format(opts.fetch(:format, :json))
       @raw = parse_flag(:raw, opts[:raw].nil? ? RAW_FORMATS.include?(@format) : opts[:raw])
@@ -62,6 +69,10 @@ module Strobe
       end
     end
 
+    def trace?
+      @mode == :trace
+    end
+
     # What Native.start is told: :threads, :process or :safepoints.
     def native_timer
       @scheduler == :thread ? :safepoints : @timer
@@ -72,7 +83,51 @@ module Strobe
       @threads == :all ? nil : @threads
     end
 
+    # Whether the method named name (defined in file) is left out of a
+    # trace by exclude: (its time goes to its caller).
+    def excluded?(name, file)
+      @exclude.any? do |pattern|
+        case pattern
+        when Regexp then pattern.match?(name)
+        when PathPrefix then File.expand_path(file).start_with?(pattern.path)
+        else pattern == name
+        end
+      end
+    end
+
+    # A String of exclude: that names files: it starts with "/" or ".".
+    PathPrefix = Struct.new(:path)
+
     private
+
+    # clock: and exclude: go with mode: :trace, the sampling options not.
+    def check_trace_options(opts)
+      if trace?
+        given = SAMPLING_ONLY.select { |key| opts.key?(key) && !opts[key].nil? && opts[key] != false }
+        unless given.empty?
+          raise ArgumentError, "mode :trace takes no #{given.map(&:inspect).join(', ')} (it records every call, no samples)"
+        end
+        if RAW_FORMATS.include?(opts[:format])
+          raise ArgumentError, "format #{opts[:format].inspect} is built from samples: mode :trace writes :json"
+        end
+      else
+        given = %i[clock exclude].select { |key| opts.key?(key) }
+        raise ArgumentError, "#{given.map(&:inspect).join(' and ')} go with mode: :trace" unless given.empty?
+      end
+      @clock = opts.fetch(:clock, :wall)
+      raise ArgumentError, "clock must be :wall or :cpu, got #{@clock.inspect}" unless CLOCKS.include?(@clock)
+
+      @exclude = Array(opts.fetch(:exclude, [])).map do |pattern|
+        case pattern
+        when Regexp then pattern
+        when String
+          raise ArgumentError, "exclude: an empty String names nothing" if pattern.empty?
+
+          pattern.start_with?("/", ".") ? PathPrefix.new(File.expand_path(pattern)) : pattern
+        else raise ArgumentError, "exclude must hold method names (Strings), Regexps or paths, got #{pattern.inspect}"
+        end
+      end
+    end
 
     def parse_mode(mode)
       mode = mode.to_sym if mode.is_a?(String)

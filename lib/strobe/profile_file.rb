@@ -201,7 +201,22 @@ module Strobe
       out = { id: id, name: info[:name], samples: info[:samples] }
       out[:main] = true if info[:main]
       out[:states] = info[:states] if info[:states]
+      # a trace's per-thread methods: [frame id, calls, total_time, self_time]
+      out[:calls] = info[:calls] if info.key?(:calls)
+      out[:frames] = info[:frames].map { |fid, f| [fid, f[:calls], f[:total_time], f[:self_time]] } if info[:frames]
       out
+    end
+
+    TRACE_KEYS = %i[calls total_time self_time].freeze
+
+    # A trace's numbers of a frame (or a thread's frame): calls a count,
+    # times non-negative seconds.
+    def decode_trace_numbers(calls, total, self_time, what)
+      unless [total, self_time].all? { |t| t.is_a?(Numeric) && t.finite? && !t.negative? }
+        raise ProfileError, "#{what} has times that are not non-negative numbers"
+      end
+
+      { calls: count(calls, "#{what} calls"), total_time: total.to_f, self_time: self_time.to_f }
     end
 
     def encode_frame(id, frame)
@@ -211,6 +226,8 @@ module Strobe
       out[:samples] = frame[:samples]
       out[:edges] = frame[:edges].to_a if frame[:edges]
       out[:lines] = frame[:lines].map { |line, (total, self_count)| [line, total, self_count] } if frame[:lines]
+      TRACE_KEYS.each { |key| out[key] = frame[key] if frame.key?(key) }
+      out[:call_times] = frame[:call_times].to_a if frame[:call_times]
       out
     end
 
@@ -259,7 +276,8 @@ module Strobe
         metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
       }
       header[:truncated_samples] = count(doc[:truncated_samples], "#{name}: truncated_samples") if doc.key?(:truncated_samples)
-      %i[started_at duration pid].each { |key| header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key) }
+      %i[started_at duration pid calls].each { |key| header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key) }
+      header[:clock] = doc[:clock].to_sym if %w[wall cpu].include?(doc[:clock])
       header
     end
 
@@ -270,6 +288,16 @@ module Strobe
 
       info = { name: thread[:name], samples: count(thread[:samples], "#{name}: a thread's samples") }
       info[:main] = true if thread[:main] == true
+      info[:calls] = count(thread[:calls], "#{name}: a thread's calls") if thread.key?(:calls)
+      if thread[:frames]
+        raise ProfileError, "#{name}: a thread's frames are not a list" unless thread[:frames].is_a?(Array)
+
+        info[:frames] = thread[:frames].to_h do |fid, calls, total, self_time|
+          raise ProfileError, "#{name}: a thread's frame id is not an integer" unless fid.is_a?(Integer)
+
+          [fid, decode_trace_numbers(calls, total, self_time, "#{name}: thread #{thread[:id].inspect} frame #{fid}")]
+        end
+      end
       states = thread[:states]
       if states
         unless states.is_a?(Hash) && states.all? { |k, v| THREAD_STATES.include?(k) && v.is_a?(Integer) && !v.negative? }
@@ -300,6 +328,16 @@ module Strobe
           raise ProfileError, "#{what} has a line #{line.inspect[0, 40]}" unless line.is_a?(Integer)
 
           [line, [count(total, "#{what} line total"), count(self_count, "#{what} line self")]]
+        end
+      end
+      out.merge!(decode_trace_numbers(frame[:calls], frame[:total_time], frame[:self_time], what)) if frame.key?(:calls)
+      if frame[:call_times]
+        out[:call_times] = frame[:call_times].to_h do |callee, time|
+          unless callee.is_a?(Integer) && time.is_a?(Numeric) && time.finite? && !time.negative?
+            raise ProfileError, "#{what} has a malformed call time"
+          end
+
+          [callee, time.to_f]
         end
       end
       [frame[:id], out]

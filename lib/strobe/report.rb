@@ -121,9 +121,18 @@ module Strobe
       limit ? sorted.first(limit) : sorted
     end
 
-    # Prints the header and the frame table in stackprof's text layout.
+    # Whether the result is a trace (mode :trace): exact calls and times
+    # rather than samples.
+    def trace?
+      mode == "trace"
+    end
+
+    # Prints the header and the frame table in stackprof's text layout; for
+    # a trace, calls, total and self time per method.
     def print_text(io = $stdout, limit: nil, sort_by_total: false)
       check_limit(limit)
+      return print_trace_text(io, limit: limit, sort_by_total: sort_by_total) if trace?
+
       print_header(io)
       if samples.zero?
         io.puts "  No samples were collected."
@@ -132,6 +141,67 @@ module Strobe
 
       io.printf(HEADER_FORMAT, "TOTAL", "SAMPLES")
       io.write(Native.report_text(@result, kept_ids, sort_by_total, limit))
+    end
+
+    TRACE_HEADER = "%10s  %12s    (pct)  %12s    (pct)     METHOD\n"
+
+    # A trace's table: calls, total time (the method and its callees,
+    # recursion counted once) and self time, in milliseconds, most self
+    # time first (or total with sort_by_total).
+    def print_trace_text(io, limit:, sort_by_total:)
+      rows = frames.map { |id, f| [id, f] }.sort_by do |id, f|
+        [-(sort_by_total ? f[:total_time] : f[:self_time]).to_f, f[:name].to_s, id]
+      end
+      rows = rows.first(limit) if limit
+      total = rows.empty? ? 0.0 : trace_wall_time
+      io.puts RULE
+      io.puts "  Mode: trace(#{@result[:clock] || 'wall'})"
+      io.puts format("  Calls: %d", count_of(:samples))
+      io.puts format("  Time: %.3f ms", total * 1000)
+      io.puts RULE
+      io.printf(TRACE_HEADER, "CALLS", "TOTAL ms", "SELF ms")
+      rows.each do |_, f|
+        io.printf("%10d  %12.3f %8s  %12.3f %8s     %s\n", f[:calls].to_i, f[:total_time].to_f * 1000,
+                  time_pct(f[:total_time], total), f[:self_time].to_f * 1000, time_pct(f[:self_time], total), f[:name])
+      end
+    end
+
+    # The time the trace covers: the self times of every method add up to it.
+    def trace_wall_time
+      frames.values.sum { |f| f[:self_time].to_f }
+    end
+
+    def time_pct(seconds, total)
+      format("(%.1f%%)", total.positive? ? 100.0 * seconds.to_f / total : 0.0)
+    end
+
+    # A trace's call graph: each method with its calls, total and self time,
+    # each edge with its calls.
+    def print_trace_graphviz(io, limit: nil)
+      kept = frames.sort_by { |id, f| [-f[:total_time].to_f, id] }
+      kept = kept.first(limit) if limit
+      ids = kept.to_h { |id, _| [id, true] }
+      total = trace_wall_time
+      io.puts "digraph profile {"
+      io.puts '  node [shape=box, fontsize=10];'
+      kept.each do |id, f|
+        label = format("%s\\n%d calls\\ntotal %.3f ms %s\\nself %.3f ms %s", dot_escape(f[:name]), f[:calls].to_i,
+                       f[:total_time].to_f * 1000, time_pct(f[:total_time], total), f[:self_time].to_f * 1000,
+                       time_pct(f[:self_time], total))
+        io.puts "  f#{id} [label=\"#{label}\"];"
+      end
+      kept.each do |id, f|
+        (f[:edges] || {}).each do |callee, calls|
+          next unless ids[callee]
+
+          io.puts "  f#{id} -> f#{callee} [label=\"#{calls} calls\"];"
+        end
+      end
+      io.puts "}"
+    end
+
+    def dot_escape(name)
+      name.to_s.gsub(/["\\]/) { |c| "\\#{c}" }.gsub("\n", "\\n")
     end
 
     # Samples per source file, most self samples first: total counts the
@@ -214,6 +284,8 @@ module Strobe
     # samples in total; render with `dot -Tsvg`. limit keeps the limit
     # frames with the most total samples; only (frame ids) draws just those.
     def print_graphviz(io = $stdout, node_fraction: 0.005, limit: nil, only: nil)
+      return print_trace_graphviz(io, limit: limit) if trace?
+
       unless node_fraction.is_a?(Numeric) && node_fraction >= 0 && node_fraction <= 1
         raise ArgumentError, "node_fraction must be a number from 0 to 1, got #{node_fraction.inspect}"
       end
@@ -334,10 +406,16 @@ module Strobe
       self_count = frame[:samples].to_i
       location = frame[:line] ? "#{frame[:file]}:#{frame[:line]}" : frame[:file].to_s
       io.puts "#{frame[:name]} (#{location})"
-      io.printf("  samples: %6d self %8s  / %6d total %8s\n", self_count, format_percent(self_count), total,
-                format_percent(total))
-      print_neighbours(io, "callers", callers)
-      print_neighbours(io, "callees", frame[:edges] || {})
+      if trace?
+        all = trace_wall_time
+        io.printf("  calls: %d, self: %.3f ms %s / total: %.3f ms %s\n", frame[:calls].to_i, frame[:self_time].to_f * 1000,
+                  time_pct(frame[:self_time], all), frame[:total_time].to_f * 1000, time_pct(frame[:total_time], all))
+      else
+        io.printf("  samples: %6d self %8s  / %6d total %8s\n", self_count, format_percent(self_count), total,
+                  format_percent(total))
+      end
+      print_neighbours(io, trace? ? "callers (calls)" : "callers", callers)
+      print_neighbours(io, trace? ? "callees (calls)" : "callees", frame[:edges] || {})
       lines = lines_of(frame)
       return if lines.empty? || frame[:file].to_s.empty?
 

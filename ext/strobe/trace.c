@@ -1,0 +1,624 @@
+/*
+ * trace.c - exact tracing (mode: :trace): every method call and return,
+ * counted and timed, in C, from Ruby's event hooks (call, return, c_call,
+ * c_return, and fiber switches).
+ *
+ * A method is its (defined class, method id) pair, interned on first sight
+ * into a method table (open addressing), where its name, file and line are
+ * taken once, and whether exclude: drops it. Each thread keeps, for each of
+ * its fibers, a stack of open calls (method, start, time spent in callees),
+ * and per method its calls, total time (recursion counted once: only the
+ * outermost call of a method adds it) and self time, and per caller ->
+ * callee edge its calls and time. Times are a clock read per event: the
+ * thread's own CPU clock (clock: :cpu), or for :wall the CPU's time-stamp
+ * counter where the kernel itself keeps time with it (its clocksource is
+ * "tsc": constant rate, synchronised across CPUs), converted to nanoseconds
+ * against CLOCK_MONOTONIC read at start and stop (reading CLOCK_MONOTONIC
+ * at each event took a third of the tracer's time), else CLOCK_MONOTONIC. A
+ * fiber's time stops while it is switched out, so its open calls are not
+ * charged with the time of others. An excluded method is not pushed: its
+ * time stays in its caller's self time, and its callees are its caller's.
+ * A return without its call on the stack (tracing began below it) is
+ * ignored; a return that skips open calls (an exception unwinding C code)
+ * closes them on the way.
+ *
+ * Every hook runs with the GVL held, so the tables need no lock; one
+ * thread's state is found through a thread-local pointer. Nothing here is
+ * signal-safe. The holder object marks (and pins) the classes, symbols,
+ * Threads and fibers the tables hold.
+ */
+#include "strobe.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#define HAVE_TSC 1
+#endif
+
+typedef struct {
+    VALUE klass, mid;        /* identity: defined class, method id (Symbol) */
+    VALUE name, file;        /* Strings, taken on first sight */
+    int line;
+    int excluded;
+} tmethod_t;
+
+typedef struct {
+    uint32_t method;
+    int64_t start, child;    /* the fiber's clock at the call; time in callees */
+} tcall_t;
+
+typedef struct {
+    VALUE fiber;
+    tcall_t *calls;
+    uint32_t len, capa;
+    int64_t paused;          /* time switched out, taken off the fiber's clock */
+    int64_t out_at;          /* when it was switched out (0: running) */
+} tstack_t;
+
+typedef struct {
+    uint64_t calls;
+    int64_t total, self;
+    uint32_t active;         /* open calls of the method on this thread (recursion) */
+} tstat_t;
+
+typedef struct {
+    uint64_t key;            /* caller << 32 | callee, + 1; 0 empty */
+    uint64_t calls;
+    int64_t time;
+} tedge_t;
+
+typedef struct tthread {
+    VALUE thread;
+    pid_t tid;
+    int ignored;             /* not profiled (threads:, Strobe's own) */
+    clockid_t clock;
+    tstack_t *stacks;        /* one per fiber seen */
+    uint32_t stacks_len, stacks_capa;
+    tstack_t *cur;
+    tstat_t *stats;          /* by method */
+    uint32_t stats_capa;
+    tedge_t *edges;          /* open addressing */
+    uint32_t edges_len, edges_capa;
+} tthread_t;
+
+static struct {
+    int running, active;     /* hooks on; something traced since the last results */
+    int cpu;                 /* clock: :cpu */
+    int tsc;                 /* :wall times are time-stamp counter ticks */
+    int64_t tsc_start, tsc_stop; /* the counter, and CLOCK_MONOTONIC, at start and stop */
+    int exclusions;          /* exclude: was given: ask Ruby about new methods */
+    uint64_t generation;     /* per start from clean: thread states of older ones are stale */
+    tmethod_t *methods;
+    uint32_t methods_len, methods_capa;
+    uint32_t *slots;         /* (klass, mid) -> method + 1 */
+    uint32_t slots_capa;
+    tthread_t **threads;
+    uint32_t threads_len, threads_capa;
+    int64_t start_wall, stop_wall, started_at_us;
+    VALUE holder;
+} T;
+
+/* The calling thread's state, valid while self_generation is the trace's
+ * (a state of an earlier trace is freed: never read through). */
+static __thread tthread_t *self_state __attribute__((tls_model("initial-exec")));
+static __thread uint64_t self_generation __attribute__((tls_model("initial-exec")));
+static VALUE mStrobe, sym_name, sym_file, sym_line, sym_calls, sym_total_time, sym_self_time, sym_total_samples,
+    sym_samples, sym_edges, sym_call_times;
+
+static void *
+grow(void *p, size_t n, size_t size)
+{
+    void *q = realloc(p, n * size);
+    if (!q) rb_memerror();
+    return q;
+}
+
+/* The thread's clock: CPU nanoseconds, monotonic nanoseconds, or counter
+ * ticks (T.tsc; converted in results). */
+static inline int64_t
+now_ns(const tthread_t *t)
+{
+#ifdef HAVE_TSC
+    if (T.tsc && t->clock == CLOCK_MONOTONIC) return (int64_t)__rdtsc();
+#endif
+    return strobe_clock_ns(t->clock);
+}
+
+/* Whether the kernel keeps time with the time-stamp counter. */
+static int
+tsc_usable(void)
+{
+#ifdef HAVE_TSC
+    FILE *f = fopen("/sys/devices/system/clocksource/clocksource0/current_clocksource", "r");
+    if (!f) return 0;
+    char name[32] = { 0 };
+    int ok = fgets(name, sizeof(name), f) && strcmp(name, "tsc\n") == 0;
+    fclose(f);
+    return ok;
+#else
+    return 0;
+#endif
+}
+
+/* Nanoseconds per unit of a :wall time. */
+static double
+time_scale(void)
+{
+#ifdef HAVE_TSC
+    if (T.tsc && !T.cpu && T.tsc_stop > T.tsc_start)
+        return (double)(T.stop_wall - T.start_wall) / (double)(T.tsc_stop - T.tsc_start);
+#endif
+    return 1.0;
+}
+
+/* ---- methods ---------------------------------------------------------------- */
+
+static inline uint64_t
+method_hash(VALUE klass, VALUE mid)
+{
+    uint64_t x = (uint64_t)klass * 0x9e3779b97f4a7c15ULL ^ (uint64_t)mid;
+    x ^= x >> 29;
+    return x * 0xbf58476d1ce4e5b9ULL;
+}
+
+static void
+rehash_methods(void)
+{
+    uint32_t capa = T.slots_capa ? T.slots_capa * 2 : 1024;
+    uint32_t *slots = calloc(capa, sizeof(uint32_t));
+    if (!slots) rb_memerror();
+    for (uint32_t m = 0; m < T.methods_len; m++) {
+        uint64_t i = method_hash(T.methods[m].klass, T.methods[m].mid) & (capa - 1);
+        while (slots[i]) i = (i + 1) & (capa - 1);
+        slots[i] = m + 1;
+    }
+    free(T.slots);
+    T.slots = slots;
+    T.slots_capa = capa;
+}
+
+/* "Klass#name", or "Klass.name" for a singleton method, as Ruby's own
+ * frame labels read. */
+static VALUE
+method_name(VALUE klass, VALUE mid)
+{
+    VALUE owner = klass, sep = rb_str_new_cstr("#");
+    if (RB_TYPE_P(klass, T_CLASS) && FL_TEST(klass, FL_SINGLETON)) {
+#ifdef HAVE_RB_CLASS_ATTACHED_OBJECT
+        owner = rb_class_attached_object(klass);
+#else
+        owner = rb_ivar_get(klass, rb_intern("__attached__"));
+#endif
+        sep = rb_str_new_cstr(".");
+    }
+    VALUE name;
+    if (RB_TYPE_P(owner, T_CLASS) || RB_TYPE_P(owner, T_MODULE)) {
+        name = rb_mod_name(owner);
+        if (NIL_P(name)) name = rb_inspect(owner);
+    } else if (NIL_P(owner)) {
+        name = rb_str_new_cstr("");
+    } else {
+        name = rb_inspect(owner);
+    }
+    name = rb_str_dup(rb_obj_as_string(name));
+    rb_str_append(name, sep);
+    rb_str_append(name, rb_sym2str(mid));
+    return name;
+}
+
+/* The method of a call or return event, interned on first sight. */
+static uint32_t
+method_of(rb_trace_arg_t *arg, int c_method)
+{
+    VALUE klass = rb_tracearg_defined_class(arg), mid = rb_tracearg_method_id(arg);
+    uint64_t i = method_hash(klass, mid) & (T.slots_capa - 1);
+    for (uint32_t s; (s = T.slots[i]) != 0; i = (i + 1) & (T.slots_capa - 1)) {
+        const tmethod_t *m = &T.methods[s - 1];
+        if (m->klass == klass && m->mid == mid) return s - 1;
+    }
+    if (T.methods_len == T.methods_capa) {
+        T.methods_capa = T.methods_capa ? T.methods_capa * 2 : 256;
+        T.methods = grow(T.methods, T.methods_capa, sizeof(tmethod_t));
+    }
+    uint32_t id = T.methods_len;
+    T.methods[id] = (tmethod_t){ klass, mid, Qnil, Qnil, 0, 0 };
+    T.methods_len++; /* marked from here on */
+    T.slots[i] = id + 1;
+    VALUE name = method_name(klass, mid);
+    T.methods[id].name = name;
+    if (c_method) {
+        T.methods[id].file = rb_str_new_cstr("<cfunc>");
+    } else {
+        VALUE path = rb_tracearg_path(arg), line = rb_tracearg_lineno(arg);
+        T.methods[id].file = NIL_P(path) ? rb_str_new_cstr("") : path;
+        T.methods[id].line = FIXNUM_P(line) ? (int)FIX2LONG(line) : 0;
+    }
+    if (T.exclusions)
+        T.methods[id].excluded = RTEST(rb_funcall(mStrobe, rb_intern("trace_excluded?"), 2, T.methods[id].name,
+                                                  T.methods[id].file));
+    if ((uint64_t)T.methods_len * 2 > T.slots_capa) rehash_methods();
+    return id;
+}
+
+/* ---- threads and fibers --------------------------------------------------------- */
+
+static tstack_t *
+stack_of(tthread_t *t, VALUE fiber)
+{
+    for (uint32_t i = 0; i < t->stacks_len; i++)
+        if (t->stacks[i].fiber == fiber) return &t->stacks[i];
+    if (t->stacks_len == t->stacks_capa) {
+        ptrdiff_t cur = t->cur ? t->cur - t->stacks : -1;
+        t->stacks_capa = t->stacks_capa ? t->stacks_capa * 2 : 4;
+        t->stacks = grow(t->stacks, t->stacks_capa, sizeof(tstack_t));
+        if (cur >= 0) t->cur = &t->stacks[cur];
+    }
+    tstack_t *s = &t->stacks[t->stacks_len++];
+    *s = (tstack_t){ fiber, NULL, 0, 0, 0, 0 };
+    return s;
+}
+
+/* The calling thread's state, made on its first event of this trace. */
+static tthread_t *
+thread_state(void)
+{
+    if (self_state && self_generation == T.generation) return self_state;
+    tthread_t *t;
+    if (T.threads_len == T.threads_capa) {
+        T.threads_capa = T.threads_capa ? T.threads_capa * 2 : 16;
+        T.threads = grow(T.threads, T.threads_capa, sizeof(tthread_t *));
+    }
+    t = calloc(1, sizeof(*t));
+    if (!t) rb_memerror();
+    t->thread = rb_thread_current();
+    t->tid = strobe_gettid();
+    t->ignored = !strobe_sampler_profiled(t->thread);
+    t->clock = CLOCK_MONOTONIC;
+    if (T.cpu && pthread_getcpuclockid(pthread_self(), &t->clock) != 0) t->clock = CLOCK_THREAD_CPUTIME_ID;
+    T.threads[T.threads_len++] = t;
+    t->cur = stack_of(t, rb_fiber_current());
+    self_state = t;
+    self_generation = T.generation;
+    return t;
+}
+
+static tstat_t *
+stat_of(tthread_t *t, uint32_t m)
+{
+    if (m >= t->stats_capa) {
+        uint32_t capa = t->stats_capa ? t->stats_capa : 256;
+        while (capa <= m) capa *= 2;
+        t->stats = grow(t->stats, capa, sizeof(tstat_t));
+        memset(t->stats + t->stats_capa, 0, (capa - t->stats_capa) * sizeof(tstat_t));
+        t->stats_capa = capa;
+    }
+    return &t->stats[m];
+}
+
+static void
+edge_add(tthread_t *t, uint32_t caller, uint32_t callee, int64_t time)
+{
+    if ((uint64_t)(t->edges_len + 1) * 2 > t->edges_capa) {
+        uint32_t capa = t->edges_capa ? t->edges_capa * 2 : 256;
+        tedge_t *edges = calloc(capa, sizeof(tedge_t));
+        if (!edges) rb_memerror();
+        for (uint32_t k = 0; k < t->edges_capa; k++) {
+            if (!t->edges[k].key) continue;
+            uint64_t i = (t->edges[k].key * 0x9e3779b97f4a7c15ULL) >> 32 & (capa - 1);
+            while (edges[i].key) i = (i + 1) & (capa - 1);
+            edges[i] = t->edges[k];
+        }
+        free(t->edges);
+        t->edges = edges;
+        t->edges_capa = capa;
+    }
+    uint64_t key = ((uint64_t)caller << 32 | callee) + 1;
+    uint64_t i = (key * 0x9e3779b97f4a7c15ULL) >> 32 & (t->edges_capa - 1);
+    while (t->edges[i].key && t->edges[i].key != key) i = (i + 1) & (t->edges_capa - 1);
+    if (!t->edges[i].key) {
+        t->edges[i].key = key;
+        t->edges_len++;
+    }
+    t->edges[i].calls++;
+    t->edges[i].time += time;
+}
+
+/* ---- the hook ------------------------------------------------------------------- */
+
+static void
+push_call(tthread_t *t, uint32_t m, int64_t now)
+{
+    tstack_t *s = t->cur;
+    if (s->len == s->capa) {
+        s->capa = s->capa ? s->capa * 2 : 64;
+        s->calls = grow(s->calls, s->capa, sizeof(tcall_t));
+    }
+    s->calls[s->len++] = (tcall_t){ m, now - s->paused, 0 };
+    tstat_t *st = stat_of(t, m);
+    st->calls++;
+    st->active++;
+}
+
+/* Closes the innermost open call at the fiber's time now. */
+static void
+pop_call(tthread_t *t, tstack_t *s, int64_t now)
+{
+    tcall_t c = s->calls[--s->len];
+    int64_t elapsed = now - c.start;
+    if (elapsed < 0) elapsed = 0;
+    tstat_t *st = stat_of(t, c.method);
+    st->self += elapsed - c.child;
+    if (--st->active == 0) st->total += elapsed; /* the outermost of a recursion */
+    if (s->len) {
+        s->calls[s->len - 1].child += elapsed;
+        edge_add(t, s->calls[s->len - 1].method, c.method, elapsed);
+    }
+}
+
+static void
+trace_hook(VALUE data, rb_trace_arg_t *arg)
+{
+    (void)data;
+    tthread_t *t = thread_state();
+    if (t->ignored) return;
+    rb_event_flag_t event = rb_tracearg_event_flag(arg);
+    int64_t now = now_ns(t);
+    if (event == RUBY_EVENT_FIBER_SWITCH) {
+        t->cur->out_at = now;
+        tstack_t *s = stack_of(t, rb_fiber_current());
+        if (s->out_at) s->paused += now - s->out_at;
+        s->out_at = 0;
+        t->cur = s;
+        return;
+    }
+    int c_method = event & (RUBY_EVENT_C_CALL | RUBY_EVENT_C_RETURN);
+    uint32_t m = method_of(arg, c_method);
+    if (T.methods[m].excluded) return;
+    if (event & (RUBY_EVENT_CALL | RUBY_EVENT_C_CALL)) {
+        push_call(t, m, now);
+        return;
+    }
+    tstack_t *s = t->cur;
+    uint32_t at = s->len;
+    while (at > 0 && s->calls[at - 1].method != m) at--;
+    if (at == 0) return; /* its call was before tracing began */
+    int64_t local = now - s->paused;
+    while (s->len >= at) pop_call(t, s, local);
+}
+
+/* ---- start, stop, results -------------------------------------------------------- */
+
+static void
+trace_clear(void)
+{
+    for (uint32_t i = 0; i < T.threads_len; i++) {
+        tthread_t *t = T.threads[i];
+        for (uint32_t k = 0; k < t->stacks_len; k++) free(t->stacks[k].calls);
+        free(t->stacks);
+        free(t->stats);
+        free(t->edges);
+        free(t);
+    }
+    free(T.threads);
+    free(T.methods);
+    free(T.slots);
+    T.threads = NULL;
+    T.methods = NULL;
+    T.slots = NULL;
+    T.threads_len = T.threads_capa = T.methods_len = T.methods_capa = T.slots_capa = 0;
+    T.active = 0;
+}
+
+int
+strobe_trace_running(void)
+{
+    return T.running;
+}
+
+int
+strobe_trace_active(void)
+{
+    return T.active;
+}
+
+/* GVL held. cpu: each thread's own CPU clock; exclusions: ask
+ * Strobe.trace_excluded? about each new method. Rounds accumulate until
+ * results, as sampling's do. */
+void
+strobe_trace_start(int cpu, int exclusions)
+{
+    if (!T.active) {
+        trace_clear();
+        T.generation++;
+        T.active = 1;
+        T.tsc = tsc_usable();
+        T.start_wall = strobe_clock_ns(CLOCK_MONOTONIC);
+#ifdef HAVE_TSC
+        T.tsc_start = (int64_t)__rdtsc();
+#endif
+        T.started_at_us = strobe_clock_ns(CLOCK_REALTIME) / 1000;
+        rehash_methods();
+    }
+    T.cpu = cpu;
+    T.exclusions = exclusions;
+    T.running = 1;
+    rb_add_event_hook2((rb_event_hook_func_t)(void (*)(void))trace_hook,
+                       RUBY_EVENT_CALL | RUBY_EVENT_RETURN | RUBY_EVENT_C_CALL | RUBY_EVENT_C_RETURN |
+                           RUBY_EVENT_FIBER_SWITCH,
+                       Qnil, RUBY_EVENT_HOOK_FLAG_SAFE | RUBY_EVENT_HOOK_FLAG_RAW_ARG);
+}
+
+/* Stops: calls still open are closed at this moment, so the code that
+ * started tracing (a block's callers) has its time up to now. */
+void
+strobe_trace_stop(void)
+{
+    if (!T.running) return;
+    rb_remove_event_hook((rb_event_hook_func_t)(void (*)(void))trace_hook);
+    T.running = 0;
+    T.stop_wall = strobe_clock_ns(CLOCK_MONOTONIC);
+#ifdef HAVE_TSC
+    T.tsc_stop = (int64_t)__rdtsc();
+#endif
+    for (uint32_t i = 0; i < T.threads_len; i++) {
+        tthread_t *t = T.threads[i];
+        int64_t now = t->tid == strobe_gettid() || !T.cpu ? now_ns(t) : -1;
+        for (uint32_t k = 0; k < t->stacks_len; k++) {
+            tstack_t *s = &t->stacks[k];
+            /* A CPU clock of another thread: read, or if it is gone, close
+             * at the last call's start (nothing more is known). */
+            int64_t at = now >= 0 ? now : strobe_clock_ns(t->clock);
+            if (at < 0) at = s->len ? s->calls[s->len - 1].start + s->paused : 0;
+            int64_t local = (s->out_at ? s->out_at : at) - s->paused;
+            while (s->len) pop_call(t, s, local);
+        }
+    }
+}
+
+static double scale; /* set by trace_results: nanoseconds per time unit */
+
+static VALUE
+seconds(int64_t t)
+{
+    return DBL2NUM((double)t * scale / 1e9);
+}
+
+static VALUE
+frame_hash(uint32_t m, const tstat_t *st)
+{
+    const tmethod_t *meth = &T.methods[m];
+    VALUE f = rb_hash_new();
+    rb_hash_aset(f, sym_name, meth->name);
+    rb_hash_aset(f, sym_file, meth->file);
+    if (meth->line > 0) rb_hash_aset(f, sym_line, INT2NUM(meth->line));
+    rb_hash_aset(f, sym_calls, ULL2NUM(st->calls));
+    rb_hash_aset(f, sym_total_time, seconds(st->total));
+    rb_hash_aset(f, sym_self_time, seconds(st->self));
+    /* For the sample-count reports: microseconds. */
+    rb_hash_aset(f, sym_total_samples, LL2NUM((int64_t)((double)st->total * scale / 1000)));
+    rb_hash_aset(f, sym_samples, LL2NUM((int64_t)((double)st->self * scale / 1000)));
+    return f;
+}
+
+/* Strobe::Native.trace_results -> the trace's result Hash (nil when
+ * nothing was traced); forgets it. */
+static VALUE
+trace_results(VALUE self)
+{
+    if (T.running || !T.active) return Qnil;
+    scale = time_scale();
+    tstat_t *sum = calloc(T.methods_len ? T.methods_len : 1, sizeof(tstat_t));
+    if (!sum) rb_memerror();
+    VALUE result = rb_hash_new(), frames = rb_hash_new(), threads = rb_hash_new();
+    uint64_t calls = 0;
+    for (uint32_t i = 0; i < T.threads_len; i++) {
+        tthread_t *t = T.threads[i];
+        if (t->ignored) continue;
+        VALUE tframes = rb_hash_new(), info = rb_hash_new();
+        uint64_t tcalls = 0;
+        for (uint32_t m = 0; m < t->stats_capa && m < T.methods_len; m++) {
+            const tstat_t *st = &t->stats[m];
+            if (!st->calls) continue;
+            sum[m].calls += st->calls;
+            sum[m].total += st->total;
+            sum[m].self += st->self;
+            tcalls += st->calls;
+            VALUE tf = rb_hash_new();
+            rb_hash_aset(tf, sym_calls, ULL2NUM(st->calls));
+            rb_hash_aset(tf, sym_total_time, seconds(st->total));
+            rb_hash_aset(tf, sym_self_time, seconds(st->self));
+            rb_hash_aset(tframes, UINT2NUM(m), tf);
+        }
+        calls += tcalls;
+        VALUE name = rb_funcall(t->thread, rb_intern("name"), 0);
+        rb_hash_aset(info, sym_name, NIL_P(name) ? Qnil : rb_str_dup(name));
+        if (t->thread == rb_thread_main()) rb_hash_aset(info, strobe_sym("main"), Qtrue);
+        rb_hash_aset(info, sym_samples, ULL2NUM(tcalls)); /* as the result's samples: its calls */
+        rb_hash_aset(info, sym_calls, ULL2NUM(tcalls));
+        rb_hash_aset(info, strobe_sym("frames"), tframes);
+        VALUE id = INT2NUM(t->tid);
+        rb_hash_aset(threads, id, info);
+    }
+    for (uint32_t m = 0; m < T.methods_len; m++)
+        if (sum[m].calls) rb_hash_aset(frames, UINT2NUM(m), frame_hash(m, &sum[m]));
+    free(sum);
+    /* Edges, summed over threads. */
+    for (uint32_t i = 0; i < T.threads_len; i++) {
+        tthread_t *t = T.threads[i];
+        if (t->ignored) continue;
+        for (uint32_t k = 0; k < t->edges_capa; k++) {
+            const tedge_t *e = &t->edges[k];
+            if (!e->key) continue;
+            uint64_t key = e->key - 1;
+            VALUE caller = UINT2NUM((uint32_t)(key >> 32)), callee = UINT2NUM((uint32_t)key);
+            VALUE f = rb_hash_lookup2(frames, caller, Qnil);
+            if (NIL_P(f)) continue;
+            VALUE edges = rb_hash_lookup2(f, sym_edges, Qnil), times = rb_hash_lookup2(f, sym_call_times, Qnil);
+            if (NIL_P(edges)) {
+                rb_hash_aset(f, sym_edges, edges = rb_hash_new());
+                rb_hash_aset(f, sym_call_times, times = rb_hash_new());
+            }
+            VALUE n = rb_hash_lookup2(edges, callee, INT2FIX(0)), tm = rb_hash_lookup2(times, callee, DBL2NUM(0));
+            rb_hash_aset(edges, callee, rb_funcall(n, '+', 1, ULL2NUM(e->calls)));
+            rb_hash_aset(times, callee, DBL2NUM(NUM2DBL(tm) + (double)e->time * scale / 1e9));
+        }
+    }
+    rb_hash_aset(result, strobe_sym("version"), DBL2NUM(1.2));
+    rb_hash_aset(result, strobe_sym("mode"), strobe_sym("trace"));
+    rb_hash_aset(result, strobe_sym("clock"), strobe_sym(T.cpu ? "cpu" : "wall"));
+    rb_hash_aset(result, strobe_sym("interval"), Qnil);
+    rb_hash_aset(result, strobe_sym("samples"), ULL2NUM(calls));
+    rb_hash_aset(result, strobe_sym("calls"), ULL2NUM(calls));
+    rb_hash_aset(result, strobe_sym("gc_samples"), INT2FIX(0));
+    rb_hash_aset(result, strobe_sym("missed_samples"), INT2FIX(0));
+    rb_hash_aset(result, strobe_sym("metadata"), rb_hash_new());
+    rb_hash_aset(result, strobe_sym("frames"), frames);
+    rb_hash_aset(result, strobe_sym("threads"), threads);
+    rb_hash_aset(result, strobe_sym("started_at"), LL2NUM(T.started_at_us));
+    rb_hash_aset(result, strobe_sym("duration"), LL2NUM((T.stop_wall - T.start_wall) / 1000));
+    rb_hash_aset(result, strobe_sym("pid"), INT2NUM(getpid()));
+    trace_clear();
+    return result;
+}
+
+static void
+holder_mark(void *unused)
+{
+    (void)unused;
+    for (uint32_t m = 0; m < T.methods_len; m++) {
+        rb_gc_mark(T.methods[m].klass);
+        rb_gc_mark(T.methods[m].mid);
+        rb_gc_mark(T.methods[m].name);
+        rb_gc_mark(T.methods[m].file);
+    }
+    for (uint32_t i = 0; i < T.threads_len; i++) {
+        rb_gc_mark(T.threads[i]->thread);
+        for (uint32_t k = 0; k < T.threads[i]->stacks_len; k++) rb_gc_mark(T.threads[i]->stacks[k].fiber);
+    }
+}
+
+static const rb_data_type_t holder_type = {
+    .wrap_struct_name = "Strobe::Native::Trace",
+    .function = { .dmark = holder_mark },
+};
+
+void
+strobe_trace_define(VALUE mNative)
+{
+    mStrobe = rb_define_module("Strobe");
+    sym_name = ID2SYM(rb_intern("name"));
+    sym_file = ID2SYM(rb_intern("file"));
+    sym_line = ID2SYM(rb_intern("line"));
+    sym_calls = ID2SYM(rb_intern("calls"));
+    sym_total_time = ID2SYM(rb_intern("total_time"));
+    sym_self_time = ID2SYM(rb_intern("self_time"));
+    sym_total_samples = ID2SYM(rb_intern("total_samples"));
+    sym_samples = ID2SYM(rb_intern("samples"));
+    sym_edges = ID2SYM(rb_intern("edges"));
+    sym_call_times = ID2SYM(rb_intern("call_times"));
+    /* Ruby skips dmark for a NULL data pointer: point at the state. */
+    T.holder = TypedData_Wrap_Struct(rb_cObject, &holder_type, &T);
+    rb_gc_register_mark_object(T.holder);
+    rb_define_singleton_method(mNative, "trace_results", trace_results, 0);
+}
