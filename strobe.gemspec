@@ -19,4 +19,5 @@ Gem::Specification.new do |spec|
   spec.add_development_dependency "minitest", ">= 5.15"
   spec.add_development_dependency "rake", ">= 13"
   spec.add_development_dependency "stackprof", "0.2.27"
+  spec.add_development_dependency "ruby-prof", "1.4.5" # bench/trace.rb
 end
