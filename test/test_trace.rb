@@ -48,6 +48,7 @@ class TestTrace < Minitest::Test
     sum = fib[:self_time] + callees.sum { |f| f[:total_time] }
     assert_in_delta fib[:total_time], sum, fib[:total_time] * 0.01
     assert_equal 21_890, fib[:edges][id], "fib calls itself 21,890 times"
+    assert_equal 0.0, fib[:call_times][id], "that time is inside the outermost fib already"
     assert_equal 21_891, result[:frames].values.find { |f| f[:name] == "Integer#<" }[:calls]
     assert_operator fib[:total_time], :<=, result[:duration] / 1e6, "recursion counted once in total time"
   end
@@ -62,6 +63,18 @@ class TestTrace < Minitest::Test
     assert_in_delta leaf[:total_time], twice[:call_times][leaf_id], 1e-9
     assert result[:frames].values.none? { |f| f[:name] == "Strobe.run" }, "the call that started tracing is not traced"
     refute_nil twice_id
+  end
+
+  # Two trace files merge: calls and times add up, per thread too.
+  def test_trace_files_merge
+    a = trace { Work.fib(10) }
+    b = trace { Work.fib(11) }
+    merged = Strobe::Merge.results([a, b])
+    fib = merged[:frames].values.find { |f| f[:name] == "TestTrace::Work.fib" }
+    assert_equal 177 + 287, fib[:calls]
+    assert_in_delta [a, b].sum { |r| frame(r, "TestTrace::Work.fib")[1][:total_time] }, fib[:total_time], 1e-9
+    assert_equal [464], merged[:threads].values.map { |t| t[:frames].values.find { |f| f[:calls] == 464 }&.fetch(:calls) }.compact
+    assert_raises(ArgumentError) { Strobe::Merge.results([a, trace(clock: :cpu) { Work.leaf }]) }
   end
 
   def test_each_thread_separately

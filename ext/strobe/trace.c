@@ -9,7 +9,7 @@
  * its fibers, a stack of open calls (method, start, time spent in callees),
  * and per method its calls, total time (recursion counted once: only the
  * outermost call of a method adds it) and self time, and per caller ->
- * callee edge its calls and time. Times are a clock read per event: the
+ * callee edge its calls and time (again only the callee's outermost calls). Times are a clock read per event: the
  * thread's own CPU clock (clock: :cpu), or for :wall the CPU's time-stamp
  * counter where the kernel itself keeps time with it (its clocksource is
  * "tsc": constant rate, synchronised across CPUs), converted to nanoseconds
@@ -349,10 +349,13 @@ pop_call(tthread_t *t, tstack_t *s, int64_t now)
     if (elapsed < 0) elapsed = 0;
     tstat_t *st = stat_of(t, c.method);
     st->self += elapsed - c.child;
-    if (--st->active == 0) st->total += elapsed; /* the outermost of a recursion */
+    /* The outermost call of a recursion adds the time to the method's
+     * total and to its caller edge's: inner ones are inside it already. */
+    int outermost = --st->active == 0;
+    if (outermost) st->total += elapsed;
     if (s->len) {
         s->calls[s->len - 1].child += elapsed;
-        edge_add(t, s->calls[s->len - 1].method, c.method, elapsed);
+        edge_add(t, s->calls[s->len - 1].method, c.method, outermost ? elapsed : 0);
     }
 }
 

@@ -30,7 +30,7 @@ module Strobe
       merged[:frames] = {}
       maps = list.map { |r| merge_frames(r[:frames] || {}, merged[:frames], ids) }
       list.zip(maps).each { |r, map| add_edges_and_lines(r[:frames] || {}, merged[:frames], map) }
-      merged[:threads] = merge_threads(list)
+      merged[:threads] = merge_threads(list, maps)
       merge_span(list, merged)
       merge_raw(list, maps, merged) if list.all? { |r| r[:raw].is_a?(Array) }
       merged
@@ -41,6 +41,9 @@ module Strobe
       list.each_with_index.drop(1).each do |r, i|
         if r[:mode].to_s != first[:mode].to_s
           raise ArgumentError, "cannot merge #{names[i]} (mode #{r[:mode]}) with #{names[0]} (mode #{first[:mode]})"
+        end
+        if r[:clock].to_s != first[:clock].to_s
+          raise ArgumentError, "cannot merge #{names[i]} (clock #{r[:clock]}) with #{names[0]} (clock #{first[:clock]})"
         end
         next if r[:interval] == first[:interval]
 
@@ -61,7 +64,19 @@ module Strobe
         target = merged[new_id] ||= frame.slice(:name, :file, :line).merge(total_samples: 0, samples: 0)
         target[:total_samples] += ProfileFile.count(frame[:total_samples], "total_samples of #{key[0]}")
         target[:samples] += ProfileFile.count(frame[:samples], "samples of #{key[0]}")
+        add_trace_numbers(target, frame, key[0]) if frame.key?(:calls)
         [id, new_id]
+      end
+    end
+
+    # A trace's calls and times, added up.
+    def add_trace_numbers(target, numbers, what)
+      target[:calls] = target.fetch(:calls, 0) + ProfileFile.count(numbers[:calls], "calls of #{what}")
+      %i[total_time self_time].each do |key|
+        time = numbers[key]
+        raise ProfileError, "#{key} of #{what} is not a number" unless time.is_a?(Numeric)
+
+        target[key] = target.fetch(key, 0.0) + time
       end
     end
 
@@ -85,11 +100,20 @@ module Strobe
           sums[0] += ProfileFile.count(pair[0], "a line's total")
           sums[1] += ProfileFile.count(pair[1], "a line's self count")
         end
+        raise ProfileError, "the call times of #{frame[:name]} are not a Hash" unless frame[:call_times].nil? || frame[:call_times].is_a?(Hash)
+
+        (frame[:call_times] || {}).each do |callee, time|
+          next unless map.key?(callee)
+          raise ProfileError, "a call time of #{frame[:name]} is not a number" unless time.is_a?(Numeric)
+
+          times = target[:call_times] ||= {}
+          times[map[callee]] = times.fetch(map[callee], 0.0) + time
+        end
       end
     end
 
-    def merge_threads(list)
-      list.each_with_object({}) do |r, threads|
+    def merge_threads(list, maps)
+      list.zip(maps).each_with_object({}) do |(r, map), threads|
         raise ProfileError, "threads is not a Hash" unless r[:threads].nil? || r[:threads].is_a?(Hash)
 
         (r[:threads] || {}).each do |id, info|
@@ -98,12 +122,26 @@ module Strobe
 
           target = threads[id] ||= { name: info[:name], samples: 0 }
           target[:main] = true if info[:main]
+          merge_thread_trace(target, info, map) if info.key?(:calls)
           target[:samples] += ProfileFile.count(info[:samples], "a thread's samples")
           next unless info[:states]
 
           states = target[:states] ||= {}
           info[:states].each { |state, n| states[state] = states.fetch(state, 0) + ProfileFile.count(n, "a thread state's samples") }
         end
+      end
+    end
+
+    # A trace's thread: its calls, and its frames' numbers under the merged ids.
+    def merge_thread_trace(target, info, map)
+      target[:calls] = target.fetch(:calls, 0) + ProfileFile.count(info[:calls], "a thread's calls")
+      raise ProfileError, "a thread's frames are not a Hash" unless info[:frames].nil? || info[:frames].is_a?(Hash)
+
+      (info[:frames] || {}).each do |id, numbers|
+        next unless map.key?(id)
+        raise ProfileError, "a thread's frame #{id.inspect[0, 40]} is not a Hash" unless numbers.is_a?(Hash)
+
+        add_trace_numbers((target[:frames] ||= {})[map[id]] ||= {}, numbers, "a thread's frame")
       end
     end
 
