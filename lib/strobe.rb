@@ -48,8 +48,8 @@ module Strobe
                    on_result: options.on_result || @pending[:on_result] }
       @pending.start(settings) do
         if options.trace?
-          @trace_options = options
-          Native.trace_start(options.clock == :cpu, options.threads_list, !options.exclude.empty?)
+          check_trace_round(options)
+          Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions)
         else
           Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
                        options.threads_list, options.native_timer)
@@ -57,9 +57,15 @@ module Strobe
       end
     end
 
-    # Called by the tracer (C) once per new method when exclude: was given.
-    def trace_excluded?(name, file)
-      @trace_options.excluded?(name, file)
+    # A trace's rounds (start/stop until results) share one clock, one
+    # exclude: and one threads: list; a round asking for others is refused.
+    def check_trace_round(options)
+      settings = [options.clock, options.exclusions, options.threads_list]
+      if Native.trace_active? && @trace_settings && @trace_settings != settings
+        raise ArgumentError, "clock:, exclude: and threads: must be those of the trace in progress " \
+                             "(#{@trace_settings[0].inspect} ...): take its results first"
+      end
+      @trace_settings = settings
     end
 
     # The result of everything sampled since the last call, or nil while

@@ -22,6 +22,11 @@ class TestTrace < Minitest::Test
     def helper_that_is_excluded = [leaf, leaf, leaf]
 
     def fail_deep(n) = n.zero? ? raise(ArgumentError, "deep") : fail_deep(n - 1)
+
+    def napper_after_yield(pause)
+      Fiber.yield if pause
+      sleep 0.02
+    end
   end
 
   def trace(**options, &block)
@@ -168,7 +173,13 @@ class TestTrace < Minitest::Test
     method = StringIO.new
     Strobe::Report.new(result).print_method(method, "TestTrace::Work.fib")
     assert_match(/calls: 177, self: [\d.]+ ms/, method.string)
-    Strobe::Report.new(result).print_callgrind(StringIO.new)
+    callgrind = StringIO.new
+    Strobe::Report.new(result).print_callgrind(callgrind)
+    assert_match(/^events: Microseconds$/, callgrind.string)
+    assert_match(/^cfn=Integer#<\ncalls=177 0$/, callgrind.string)
+    files = StringIO.new
+    Strobe::Report.new(result).print_files(files)
+    assert_match(/^\s+177\s+[\d.]+\s+\(\s*[\d.]+%\)\s+#{Regexp.escape(__FILE__)}$/, files.string)
 
     Dir.mktmpdir do |dir|
       path = File.join(dir, "trace.json.gz")
@@ -195,6 +206,88 @@ class TestTrace < Minitest::Test
     assert_equal 1, frame(result, "TestTrace::Work.twice")[1][:calls]
   end
 
+  # Found in review, each failing before its fix.
+
+  # The hook runs no Ruby code: an object whose class cannot be inspected,
+  # or a BasicObject, traces like any other; singleton methods of objects
+  # share one entry per class and do not keep their objects alive.
+  def test_objects_with_singleton_methods
+    basic = BasicObject.new
+    def basic.foo = 42
+    anonymous = Class.new do
+      def self.inspect = raise("inspect must not be called")
+      def hi = 1
+    end
+    big = Class.new { def initialize = @data = "x" * 10_000 }
+    result = trace do
+      assert_equal 42, basic.foo
+      anonymous.new.hi
+      500.times { o = big.new; def o.go = 1; o.go }
+      GC.start
+      assert_operator ObjectSpace.each_object(big).count, :<, 500, "traced objects are not kept"
+    end
+    names = result[:frames].values.map { |f| f[:name] }
+    assert_includes names, "BasicObject#foo (singleton)"
+    assert(names.any? { |n| n.match?(/\A#<Class:0x\h+>#hi\z/) }, names.inspect)
+    go = result[:frames].values.select { |f| f[:name].end_with?("#go (singleton)") }
+    assert_equal [500], go.map { |f| f[:calls] }
+  end
+
+  # Another thread stopping and collecting the trace while a thread is in
+  # the hook making a new method's entry (it used to free the tables under
+  # it: a crash every run).
+  def test_stopping_while_other_threads_meet_new_methods
+    5.times do
+      Strobe.start(mode: :trace)
+      stop = false
+      worker = Thread.new { until stop; o = Object.new; def o.x = 1; o.x; Class.new { def y = 2 }.new.y; end }
+      sleep 0.02
+      Strobe.stop
+      assert_kind_of Hash, Strobe.results
+      stop = true
+      worker.join
+    end
+  end
+
+  # The same method open in two fibers: each call's time counts.
+  def test_recursion_is_counted_per_fiber
+    result = trace do
+      f1 = Fiber.new { Work.napper_after_yield(true) }
+      f2 = Fiber.new { Work.napper_after_yield(false) }
+      f1.resume
+      f2.resume
+      f1.resume
+    end
+    work = frame(result, "TestTrace::Work.napper_after_yield")[1]
+    sleeps = frame(result, "Kernel#sleep")[1]
+    assert_equal 2, work[:calls]
+    assert_operator work[:total_time], :>=, sleeps[:total_time]
+  end
+
+  # Fibers are not kept: many enumerators come and go.
+  def test_many_enumerators
+    result = trace { 20_000.times { e = [1, 2].each; e.next; e.next } }
+    assert_equal 40_000, frame(result, "Enumerator#next")[1][:calls]
+  end
+
+  def test_a_trace_keeps_the_settings_of_its_first_round
+    Strobe.start(mode: :trace)
+    Strobe.stop
+    assert_raises(ArgumentError) { Strobe.start(mode: :trace, clock: :cpu) }.then { |e| assert_match(/take its results first/, e.message) }
+    assert Strobe.start(mode: :trace)
+    Strobe.stop
+    assert_equal :wall, Strobe.results[:clock]
+  end
+
+  def test_exclude_paths_end_at_directory_boundaries
+    result = trace(exclude: ["."]) { Work.twice; [1].map(&:to_s) }
+    names = result[:frames].values.map { |f| f[:name] }
+    assert_includes names, "Array#map", "C methods have no path to exclude"
+    refute_includes names, "TestTrace::Work.twice"
+    partial = trace(exclude: [File.join(__dir__, "test_tra")]) { Work.twice }
+    assert_includes partial[:frames].values.map { |f| f[:name] }, "TestTrace::Work.twice", "a prefix is a whole name"
+  end
+
   def test_options
     assert_raises(ArgumentError) { Strobe.start(mode: :trace, interval: 100) }.then { |e| assert_match(/:interval/, e.message) }
     assert_raises(ArgumentError) { Strobe.start(mode: :trace, raw: true) }.then { |e| assert_match(/:raw/, e.message) }
@@ -202,6 +295,7 @@ class TestTrace < Minitest::Test
     assert_raises(ArgumentError) { Strobe.start(mode: :trace, exclude: [3]) }.then { |e| assert_match(/exclude/, e.message) }
     assert_raises(ArgumentError) { Strobe.start(mode: :wall, clock: :cpu) }.then { |e| assert_match(/mode: :trace/, e.message) }
     assert_raises(ArgumentError) { Strobe.start(mode: :trace, format: :pprof) }.then { |e| assert_match(/built from samples/, e.message) }
+    assert_raises(ArgumentError) { Strobe.start(mode: :trace, format: "firefox") }
     refute Strobe.running?
     # one at a time: a trace waiting for its results blocks sampling
     Strobe.start(mode: :trace)

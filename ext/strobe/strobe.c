@@ -116,16 +116,27 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     return Qtrue;
 }
 
-/* Strobe::Native.trace_start(cpu, threads, exclusions) -> bool: mode
- * :trace (trace.c); false when already running. */
+/* Strobe::Native.trace_start(cpu, threads, names, paths, patterns) ->
+ * bool: mode :trace (trace.c); false when already running. names, paths
+ * and patterns: exclude:'s Strings, path prefixes and Regexps (Arrays). */
 static VALUE
-native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE exclusions)
+native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns)
 {
     if (running()) return Qfalse;
     if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
+    Check_Type(names, T_ARRAY);
+    Check_Type(paths, T_ARRAY);
+    Check_Type(patterns, T_ARRAY);
     strobe_sampler_only(threads_arg(threads));
-    strobe_trace_start(RTEST(cpu), RTEST(exclusions));
+    strobe_trace_start(RTEST(cpu), rb_ary_dup(names), rb_ary_dup(paths), rb_ary_dup(patterns));
     return Qtrue;
+}
+
+/* Strobe::Native.trace_active? -> whether a trace waits for its results. */
+static VALUE
+native_trace_active_p(VALUE self)
+{
+    return strobe_trace_active() ? Qtrue : Qfalse;
 }
 
 /* Stops whichever runs: the sampler or the tracer. */
@@ -307,7 +318,8 @@ Init_strobe(void)
     strobe_sampler_init();
 
     rb_define_singleton_method(mNative, "start", native_start, 7);
-    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 3);
+    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 5);
+    rb_define_singleton_method(mNative, "trace_active?", native_trace_active_p, 0);
     rb_define_singleton_method(mNative, "stop", native_stop, 0);
     rb_define_singleton_method(mNative, "running?", native_running_p, 0);
     rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);

@@ -420,7 +420,7 @@ int strobe_state_of(VALUE sym);
 /* ---- trace.c: mode :trace ----------------------------------------------------- */
 
 void strobe_trace_define(VALUE mNative);
-void strobe_trace_start(int cpu, int exclusions);
+void strobe_trace_start(int cpu, VALUE names, VALUE paths, VALUE patterns);
 void strobe_trace_stop(void);
 int strobe_trace_running(void);
 /* Something was traced since the last results. */

@@ -5,7 +5,9 @@
  *
  * A method is its (defined class, method id) pair, interned on first sight
  * into a method table (open addressing), where its name, file and line are
- * taken once, and whether exclude: drops it. Each thread keeps, for each of
+ * made once, in C (the hook runs no Ruby code: a thread switch or an
+ * exception there would reach the traced program), and whether exclude:
+ * drops it. Each thread keeps, for each of
  * its fibers, a stack of open calls (method, start, time spent in callees),
  * and per method its calls, total time (recursion counted once: only the
  * outermost call of a method adds it) and self time, and per caller ->
@@ -37,8 +39,11 @@
 #endif
 
 typedef struct {
-    VALUE klass, mid;        /* identity: defined class, method id (Symbol) */
-    VALUE name, file;        /* Strings, taken on first sight */
+    VALUE klass, mid;        /* identity: defined class (for a singleton method of
+                              * an object that is no Module: the object's class,
+                              * so the object is not kept), method id (Symbol) */
+    int singleton;           /* klass stands for the singleton classes of its instances */
+    VALUE name, file;        /* Strings, made on first sight without running Ruby code */
     int line;
     int excluded;
 } tmethod_t;
@@ -73,8 +78,11 @@ typedef struct tthread {
     pid_t tid;
     int ignored;             /* not profiled (threads:, Strobe's own) */
     clockid_t clock;
-    tstack_t *stacks;        /* one per fiber seen */
-    uint32_t stacks_len, stacks_capa;
+    /* One stack per fiber with calls open, found by the fiber VALUE through
+     * an open-addressing index (fibers are not kept alive: a stack that
+     * empties is dropped as its fiber switches out). */
+    tstack_t **stacks;       /* by index slot, NULL empty, TOMB deleted */
+    uint32_t stacks_used, stacks_capa;
     tstack_t *cur;
     tstat_t *stats;          /* by method */
     uint32_t stats_capa;
@@ -87,7 +95,7 @@ static struct {
     int cpu;                 /* clock: :cpu */
     int tsc;                 /* :wall times are time-stamp counter ticks */
     int64_t tsc_start, tsc_stop; /* the counter, and CLOCK_MONOTONIC, at start and stop */
-    int exclusions;          /* exclude: was given: ask Ruby about new methods */
+    VALUE exclude_names, exclude_paths, exclude_patterns; /* exclude:, as Arrays, or Qnil */
     uint64_t generation;     /* per start from clean: thread states of older ones are stale */
     tmethod_t *methods;
     uint32_t methods_len, methods_capa;
@@ -155,9 +163,9 @@ time_scale(void)
 /* ---- methods ---------------------------------------------------------------- */
 
 static inline uint64_t
-method_hash(VALUE klass, VALUE mid)
+method_hash(VALUE klass, VALUE mid, int singleton)
 {
-    uint64_t x = (uint64_t)klass * 0x9e3779b97f4a7c15ULL ^ (uint64_t)mid;
+    uint64_t x = ((uint64_t)klass + (uint64_t)singleton) * 0x9e3779b97f4a7c15ULL ^ (uint64_t)mid;
     x ^= x >> 29;
     return x * 0xbf58476d1ce4e5b9ULL;
 }
@@ -169,7 +177,7 @@ rehash_methods(void)
     uint32_t *slots = calloc(capa, sizeof(uint32_t));
     if (!slots) rb_memerror();
     for (uint32_t m = 0; m < T.methods_len; m++) {
-        uint64_t i = method_hash(T.methods[m].klass, T.methods[m].mid) & (capa - 1);
+        uint64_t i = method_hash(T.methods[m].klass, T.methods[m].mid, T.methods[m].singleton) & (capa - 1);
         while (slots[i]) i = (i + 1) & (capa - 1);
         slots[i] = m + 1;
     }
@@ -178,92 +186,217 @@ rehash_methods(void)
     T.slots_capa = capa;
 }
 
-/* "Klass#name", or "Klass.name" for a singleton method, as Ruby's own
- * frame labels read. */
+/* A module's name, or for an anonymous one "#<Class:0x...>" (never its
+ * own inspect: no Ruby code runs in the hook). */
 static VALUE
-method_name(VALUE klass, VALUE mid)
+module_name(VALUE mod)
 {
-    VALUE owner = klass, sep = rb_str_new_cstr("#");
-    if (RB_TYPE_P(klass, T_CLASS) && FL_TEST(klass, FL_SINGLETON)) {
+    if (!RB_TYPE_P(mod, T_CLASS) && !RB_TYPE_P(mod, T_MODULE)) return rb_str_new_cstr("?");
+    VALUE name = rb_mod_name(mod);
+    return NIL_P(name) ? rb_any_to_s(mod) : rb_str_dup(name);
+}
+
+/* The (class, singleton) a call's defined class stands for: a singleton
+ * class of a Module is itself (Klass.name); one of any other object stands
+ * for that object's class, so the object is not kept by the table and its
+ * methods share one entry per class. */
+static VALUE
+identity_class(VALUE klass, int *singleton)
+{
+    *singleton = 0;
+    if (!RB_TYPE_P(klass, T_CLASS) || !FL_TEST(klass, FL_SINGLETON)) return klass;
 #ifdef HAVE_RB_CLASS_ATTACHED_OBJECT
-        owner = rb_class_attached_object(klass);
+    VALUE owner = rb_class_attached_object(klass);
 #else
-        owner = rb_ivar_get(klass, rb_intern("__attached__"));
+    VALUE owner = rb_ivar_get(klass, rb_intern("__attached__"));
+#endif
+    if (RB_TYPE_P(owner, T_CLASS) || RB_TYPE_P(owner, T_MODULE)) return klass;
+    *singleton = 1;
+    return rb_obj_class(owner);
+}
+
+/* "Klass#name"; "Klass.name" for a singleton method of a Module (as Ruby's
+ * own frame labels read); "Klass#name (singleton)" for one of an object
+ * (klass: its class). Made in C only: nothing here runs Ruby code. */
+static VALUE
+method_name(VALUE klass, VALUE defined, VALUE mid, int singleton)
+{
+    VALUE name, sep = rb_str_new_cstr("#");
+    if (singleton) {
+        name = module_name(klass);
+    } else if (RB_TYPE_P(defined, T_CLASS) && FL_TEST(defined, FL_SINGLETON)) {
+#ifdef HAVE_RB_CLASS_ATTACHED_OBJECT
+        name = module_name(rb_class_attached_object(defined));
+#else
+        name = module_name(rb_ivar_get(defined, rb_intern("__attached__")));
 #endif
         sep = rb_str_new_cstr(".");
-    }
-    VALUE name;
-    if (RB_TYPE_P(owner, T_CLASS) || RB_TYPE_P(owner, T_MODULE)) {
-        name = rb_mod_name(owner);
-        if (NIL_P(name)) name = rb_inspect(owner);
-    } else if (NIL_P(owner)) {
-        name = rb_str_new_cstr("");
+    } else if (RB_TYPE_P(defined, T_CLASS) || RB_TYPE_P(defined, T_MODULE)) {
+        name = module_name(defined);
     } else {
-        name = rb_inspect(owner);
+        name = rb_str_new_cstr("?");
     }
-    name = rb_str_dup(rb_obj_as_string(name));
     rb_str_append(name, sep);
     rb_str_append(name, rb_sym2str(mid));
+    if (singleton) rb_str_cat_cstr(name, " (singleton)");
     return name;
+}
+
+static VALUE
+expand_path(VALUE file)
+{
+    return rb_file_expand_path(file, Qnil);
+}
+
+static VALUE
+match_pattern(VALUE args)
+{
+    VALUE *a = (VALUE *)args;
+    return rb_reg_match(a[0], a[1]);
+}
+
+/* Whether exclude: drops the method (name, file): exact names, path
+ * prefixes (ending at a directory boundary; C methods have no path), and
+ * Regexps, matched in C (a Regexp that raises on a name excludes nothing). */
+static int
+excluded(VALUE name, VALUE file, int c_method)
+{
+    if (NIL_P(T.exclude_names)) return 0;
+    for (long i = 0; i < RARRAY_LEN(T.exclude_names); i++)
+        if (rb_str_equal(RARRAY_AREF(T.exclude_names, i), name) == Qtrue) return 1;
+    if (!c_method && RB_TYPE_P(file, T_STRING) && RARRAY_LEN(T.exclude_paths) && RSTRING_LEN(file) &&
+        RSTRING_PTR(file)[0] != '/' && RSTRING_PTR(file)[0] != '<' && RSTRING_PTR(file)[0] != '(') {
+        /* A file loaded by a relative path: as the prefixes are, expanded. */
+        int state = 0;
+        VALUE full = rb_protect(expand_path, file, &state);
+        if (state) rb_set_errinfo(Qnil);
+        else file = full;
+    }
+    if (!c_method && RB_TYPE_P(file, T_STRING)) {
+        const char *f = RSTRING_PTR(file);
+        long flen = RSTRING_LEN(file);
+        for (long i = 0; i < RARRAY_LEN(T.exclude_paths); i++) {
+            VALUE prefix = RARRAY_AREF(T.exclude_paths, i);
+            long plen = RSTRING_LEN(prefix);
+            if (flen >= plen && memcmp(f, RSTRING_PTR(prefix), (size_t)plen) == 0 &&
+                (flen == plen || f[plen] == '/' || (plen && RSTRING_PTR(prefix)[plen - 1] == '/')))
+                return 1;
+        }
+    }
+    for (long i = 0; i < RARRAY_LEN(T.exclude_patterns); i++) {
+        VALUE args[2] = { RARRAY_AREF(T.exclude_patterns, i), name };
+        int state = 0;
+        VALUE m = rb_protect(match_pattern, (VALUE)args, &state);
+        if (state) {
+            rb_set_errinfo(Qnil);
+            continue;
+        }
+        if (!NIL_P(m)) return 1;
+    }
+    return 0;
 }
 
 /* The method of a call or return event, interned on first sight. */
 static uint32_t
 method_of(rb_trace_arg_t *arg, int c_method)
 {
-    VALUE klass = rb_tracearg_defined_class(arg), mid = rb_tracearg_method_id(arg);
-    uint64_t i = method_hash(klass, mid) & (T.slots_capa - 1);
+    int singleton;
+    VALUE klass = identity_class(rb_tracearg_defined_class(arg), &singleton), mid = rb_tracearg_method_id(arg);
+    uint64_t i = method_hash(klass, mid, singleton) & (T.slots_capa - 1);
     for (uint32_t s; (s = T.slots[i]) != 0; i = (i + 1) & (T.slots_capa - 1)) {
         const tmethod_t *m = &T.methods[s - 1];
-        if (m->klass == klass && m->mid == mid) return s - 1;
+        if (m->klass == klass && m->mid == mid && m->singleton == singleton) return s - 1;
     }
     if (T.methods_len == T.methods_capa) {
         T.methods_capa = T.methods_capa ? T.methods_capa * 2 : 256;
         T.methods = grow(T.methods, T.methods_capa, sizeof(tmethod_t));
     }
     uint32_t id = T.methods_len;
-    T.methods[id] = (tmethod_t){ klass, mid, Qnil, Qnil, 0, 0 };
+    T.methods[id] = (tmethod_t){ klass, mid, singleton, Qnil, Qnil, 0, 0 };
     T.methods_len++; /* marked from here on */
     T.slots[i] = id + 1;
-    VALUE name = method_name(klass, mid);
-    T.methods[id].name = name;
+    T.methods[id].name = method_name(klass, rb_tracearg_defined_class(arg), mid, singleton);
     if (c_method) {
         T.methods[id].file = rb_str_new_cstr("<cfunc>");
     } else {
         VALUE path = rb_tracearg_path(arg), line = rb_tracearg_lineno(arg);
-        T.methods[id].file = NIL_P(path) ? rb_str_new_cstr("") : path;
+        T.methods[id].file = RB_TYPE_P(path, T_STRING) ? path : rb_str_new_cstr("");
         T.methods[id].line = FIXNUM_P(line) ? (int)FIX2LONG(line) : 0;
     }
-    if (T.exclusions)
-        T.methods[id].excluded = RTEST(rb_funcall(mStrobe, rb_intern("trace_excluded?"), 2, T.methods[id].name,
-                                                  T.methods[id].file));
+    T.methods[id].excluded = excluded(T.methods[id].name, T.methods[id].file, c_method);
     if ((uint64_t)T.methods_len * 2 > T.slots_capa) rehash_methods();
     return id;
 }
 
 /* ---- threads and fibers --------------------------------------------------------- */
 
+#define TOMB ((tstack_t *)1)
+
+static inline uint64_t
+fiber_hash(VALUE fiber)
+{
+    return ((uint64_t)fiber >> 3) * 0x9e3779b97f4a7c15ULL;
+}
+
+static void
+index_stack(tthread_t *t, tstack_t *s)
+{
+    uint32_t mask = t->stacks_capa - 1;
+    uint64_t i = fiber_hash(s->fiber) >> 32 & mask;
+    while (t->stacks[i] && t->stacks[i] != TOMB) i = (i + 1) & mask;
+    t->stacks[i] = s;
+}
+
+/* The stack of fiber, made when it has none. */
 static tstack_t *
 stack_of(tthread_t *t, VALUE fiber)
 {
-    for (uint32_t i = 0; i < t->stacks_len; i++)
-        if (t->stacks[i].fiber == fiber) return &t->stacks[i];
-    if (t->stacks_len == t->stacks_capa) {
-        ptrdiff_t cur = t->cur ? t->cur - t->stacks : -1;
-        t->stacks_capa = t->stacks_capa ? t->stacks_capa * 2 : 4;
-        t->stacks = grow(t->stacks, t->stacks_capa, sizeof(tstack_t));
-        if (cur >= 0) t->cur = &t->stacks[cur];
+    if (t->stacks_capa) {
+        uint32_t mask = t->stacks_capa - 1;
+        for (uint64_t i = fiber_hash(fiber) >> 32 & mask; t->stacks[i]; i = (i + 1) & mask)
+            if (t->stacks[i] != TOMB && t->stacks[i]->fiber == fiber) return t->stacks[i];
     }
-    tstack_t *s = &t->stacks[t->stacks_len++];
-    *s = (tstack_t){ fiber, NULL, 0, 0, 0, 0 };
+    if ((uint64_t)(t->stacks_used + 1) * 2 > t->stacks_capa) {
+        uint32_t old = t->stacks_capa, capa = old ? old * 2 : 8;
+        tstack_t **slots = t->stacks;
+        t->stacks = calloc(capa, sizeof(tstack_t *));
+        if (!t->stacks) { t->stacks = slots; rb_memerror(); }
+        t->stacks_capa = capa;
+        t->stacks_used = 0;
+        for (uint32_t k = 0; k < old; k++)
+            if (slots[k] && slots[k] != TOMB) { index_stack(t, slots[k]); t->stacks_used++; }
+        free(slots);
+    }
+    tstack_t *s = calloc(1, sizeof(*s));
+    if (!s) rb_memerror();
+    s->fiber = fiber;
+    index_stack(t, s);
+    t->stacks_used++;
     return s;
 }
 
-/* The calling thread's state, made on its first event of this trace. */
+/* A stack whose fiber switched out with no call open is dropped: the fiber
+ * may be gone for good, and is not kept alive to tell. */
+static void
+drop_if_empty(tthread_t *t, tstack_t *s)
+{
+    if (s->len) return;
+    uint32_t mask = t->stacks_capa - 1;
+    for (uint64_t i = fiber_hash(s->fiber) >> 32 & mask; t->stacks[i]; i = (i + 1) & mask)
+        if (t->stacks[i] == s) {
+            t->stacks[i] = TOMB;
+            break;
+        }
+    free(s->calls);
+    free(s);
+}
+
+/* The calling thread's state, made on its first event of this trace (or
+ * when its native thread now runs another Thread: Ruby 3.1 reuses them). */
 static tthread_t *
 thread_state(void)
 {
-    if (self_state && self_generation == T.generation) return self_state;
+    if (self_state && self_generation == T.generation && self_state->thread == rb_thread_current()) return self_state;
     tthread_t *t;
     if (T.threads_len == T.threads_capa) {
         T.threads_capa = T.threads_capa ? T.threads_capa * 2 : 16;
@@ -368,10 +501,16 @@ trace_hook(VALUE data, rb_trace_arg_t *arg)
     rb_event_flag_t event = rb_tracearg_event_flag(arg);
     int64_t now = now_ns(t);
     if (event == RUBY_EVENT_FIBER_SWITCH) {
-        t->cur->out_at = now;
+        /* The thread's open-call counts (for recursion) are the running
+         * fiber's: the calls open in the one leaving come off them. */
+        tstack_t *out = t->cur;
+        for (uint32_t k = 0; k < out->len; k++) stat_of(t, out->calls[k].method)->active--;
+        out->out_at = now;
         tstack_t *s = stack_of(t, rb_fiber_current());
+        if (s != out) drop_if_empty(t, out);
         if (s->out_at) s->paused += now - s->out_at;
         s->out_at = 0;
+        for (uint32_t k = 0; k < s->len; k++) stat_of(t, s->calls[k].method)->active++;
         t->cur = s;
         return;
     }
@@ -397,7 +536,11 @@ trace_clear(void)
 {
     for (uint32_t i = 0; i < T.threads_len; i++) {
         tthread_t *t = T.threads[i];
-        for (uint32_t k = 0; k < t->stacks_len; k++) free(t->stacks[k].calls);
+        for (uint32_t k = 0; k < t->stacks_capa; k++)
+            if (t->stacks[k] && t->stacks[k] != TOMB) {
+                free(t->stacks[k]->calls);
+                free(t->stacks[k]);
+            }
         free(t->stacks);
         free(t->stats);
         free(t->edges);
@@ -409,6 +552,7 @@ trace_clear(void)
     T.threads = NULL;
     T.methods = NULL;
     T.slots = NULL;
+    T.exclude_names = T.exclude_paths = T.exclude_patterns = Qnil;
     T.threads_len = T.threads_capa = T.methods_len = T.methods_capa = T.slots_capa = 0;
     T.active = 0;
 }
@@ -425,11 +569,12 @@ strobe_trace_active(void)
     return T.active;
 }
 
-/* GVL held. cpu: each thread's own CPU clock; exclusions: ask
- * Strobe.trace_excluded? about each new method. Rounds accumulate until
- * results, as sampling's do. */
+/* GVL held. cpu: each thread's own CPU clock; names, paths, patterns:
+ * exclude:'s Arrays of Strings, path prefixes and Regexps (or nil). Rounds
+ * accumulate until results, as sampling's do; a later round keeps the
+ * first one's settings (lib/strobe.rb refuses different ones). */
 void
-strobe_trace_start(int cpu, int exclusions)
+strobe_trace_start(int cpu, VALUE names, VALUE paths, VALUE patterns)
 {
     if (!T.active) {
         trace_clear();
@@ -442,9 +587,11 @@ strobe_trace_start(int cpu, int exclusions)
 #endif
         T.started_at_us = strobe_clock_ns(CLOCK_REALTIME) / 1000;
         rehash_methods();
+        T.cpu = cpu;
+        T.exclude_names = names;
+        T.exclude_paths = paths;
+        T.exclude_patterns = patterns;
     }
-    T.cpu = cpu;
-    T.exclusions = exclusions;
     T.running = 1;
     rb_add_event_hook2((rb_event_hook_func_t)(void (*)(void))trace_hook,
                        RUBY_EVENT_CALL | RUBY_EVENT_RETURN | RUBY_EVENT_C_CALL | RUBY_EVENT_C_RETURN |
@@ -467,12 +614,20 @@ strobe_trace_stop(void)
     for (uint32_t i = 0; i < T.threads_len; i++) {
         tthread_t *t = T.threads[i];
         int64_t now = t->tid == strobe_gettid() || !T.cpu ? now_ns(t) : -1;
-        for (uint32_t k = 0; k < t->stacks_len; k++) {
-            tstack_t *s = &t->stacks[k];
-            /* A CPU clock of another thread: read, or if it is gone, close
-             * at the last call's start (nothing more is known). */
-            int64_t at = now >= 0 ? now : strobe_clock_ns(t->clock);
-            if (at < 0) at = s->len ? s->calls[s->len - 1].start + s->paused : 0;
+        /* A CPU clock of another thread: read, or if it is gone, close at
+         * the last call's start (nothing more is known). */
+        if (now < 0) now = strobe_clock_ns(t->clock);
+        /* The running fiber's calls are counted open (active); those of
+         * suspended fibers are added in to be closed the same way. */
+        for (uint32_t k = 0; k < t->stacks_capa; k++) {
+            tstack_t *s = t->stacks[k];
+            if (!s || s == TOMB || s == t->cur) continue;
+            for (uint32_t c = 0; c < s->len; c++) stat_of(t, s->calls[c].method)->active++;
+        }
+        for (uint32_t k = 0; k < t->stacks_capa; k++) {
+            tstack_t *s = t->stacks[k];
+            if (!s || s == TOMB) continue;
+            int64_t at = now >= 0 ? now : s->len ? s->calls[s->len - 1].start + s->paused : 0;
             int64_t local = (s->out_at ? s->out_at : at) - s->paused;
             while (s->len) pop_call(t, s, local);
         }
@@ -518,7 +673,18 @@ trace_results(VALUE self)
     for (uint32_t i = 0; i < T.threads_len; i++) {
         tthread_t *t = T.threads[i];
         if (t->ignored) continue;
-        VALUE tframes = rb_hash_new(), info = rb_hash_new();
+        /* Threads that ran on one kernel thread in turn (Ruby 3.1 reuses
+         * them) share its id: their counts add up under it. */
+        VALUE id = INT2NUM(t->tid);
+        VALUE info = rb_hash_lookup2(threads, id, Qnil), tframes;
+        if (NIL_P(info)) {
+            info = rb_hash_new();
+            tframes = rb_hash_new();
+            rb_hash_aset(info, strobe_sym("frames"), tframes);
+            rb_hash_aset(threads, id, info);
+        } else {
+            tframes = rb_hash_lookup2(info, strobe_sym("frames"), Qnil);
+        }
         uint64_t tcalls = 0;
         for (uint32_t m = 0; m < t->stats_capa && m < T.methods_len; m++) {
             const tstat_t *st = &t->stats[m];
@@ -527,21 +693,29 @@ trace_results(VALUE self)
             sum[m].total += st->total;
             sum[m].self += st->self;
             tcalls += st->calls;
-            VALUE tf = rb_hash_new();
-            rb_hash_aset(tf, sym_calls, ULL2NUM(st->calls));
-            rb_hash_aset(tf, sym_total_time, seconds(st->total));
-            rb_hash_aset(tf, sym_self_time, seconds(st->self));
+            VALUE tf = rb_hash_lookup2(tframes, UINT2NUM(m), Qnil);
+            uint64_t c = st->calls;
+            int64_t total = st->total, self_time = st->self;
+            if (!NIL_P(tf)) { /* another Thread on the same kernel thread */
+                c += NUM2ULL(rb_hash_aref(tf, sym_calls));
+                total += (int64_t)(NUM2DBL(rb_hash_aref(tf, sym_total_time)) * 1e9 / scale);
+                self_time += (int64_t)(NUM2DBL(rb_hash_aref(tf, sym_self_time)) * 1e9 / scale);
+            }
+            tf = rb_hash_new();
+            rb_hash_aset(tf, sym_calls, ULL2NUM(c));
+            rb_hash_aset(tf, sym_total_time, seconds(total));
+            rb_hash_aset(tf, sym_self_time, seconds(self_time));
             rb_hash_aset(tframes, UINT2NUM(m), tf);
         }
         calls += tcalls;
+        VALUE before = rb_hash_lookup2(info, sym_calls, INT2FIX(0));
+        tcalls += NUM2ULL(before);
         VALUE name = rb_funcall(t->thread, rb_intern("name"), 0);
-        rb_hash_aset(info, sym_name, NIL_P(name) ? Qnil : rb_str_dup(name));
+        if (!NIL_P(name) || NIL_P(rb_hash_lookup2(info, sym_name, Qnil)))
+            rb_hash_aset(info, sym_name, NIL_P(name) ? Qnil : rb_str_dup(name));
         if (t->thread == rb_thread_main()) rb_hash_aset(info, strobe_sym("main"), Qtrue);
         rb_hash_aset(info, sym_samples, ULL2NUM(tcalls)); /* as the result's samples: its calls */
         rb_hash_aset(info, sym_calls, ULL2NUM(tcalls));
-        rb_hash_aset(info, strobe_sym("frames"), tframes);
-        VALUE id = INT2NUM(t->tid);
-        rb_hash_aset(threads, id, info);
     }
     for (uint32_t m = 0; m < T.methods_len; m++)
         if (sum[m].calls) rb_hash_aset(frames, UINT2NUM(m), frame_hash(m, &sum[m]));
@@ -595,10 +769,10 @@ holder_mark(void *unused)
         rb_gc_mark(T.methods[m].name);
         rb_gc_mark(T.methods[m].file);
     }
-    for (uint32_t i = 0; i < T.threads_len; i++) {
-        rb_gc_mark(T.threads[i]->thread);
-        for (uint32_t k = 0; k < T.threads[i]->stacks_len; k++) rb_gc_mark(T.threads[i]->stacks[k].fiber);
-    }
+    for (uint32_t i = 0; i < T.threads_len; i++) rb_gc_mark(T.threads[i]->thread);
+    rb_gc_mark(T.exclude_names);
+    rb_gc_mark(T.exclude_paths);
+    rb_gc_mark(T.exclude_patterns);
 }
 
 static const rb_data_type_t holder_type = {
@@ -621,6 +795,7 @@ strobe_trace_define(VALUE mNative)
     sym_edges = ID2SYM(rb_intern("edges"));
     sym_call_times = ID2SYM(rb_intern("call_times"));
     /* Ruby skips dmark for a NULL data pointer: point at the state. */
+    T.exclude_names = T.exclude_paths = T.exclude_patterns = Qnil;
     T.holder = TypedData_Wrap_Struct(rb_cObject, &holder_type, &T);
     rb_gc_register_mark_object(T.holder);
     rb_define_singleton_method(mNative, "trace_results", trace_results, 0);

@@ -83,19 +83,13 @@ module Strobe
       @threads == :all ? nil : @threads
     end
 
-    # Whether the method named name (defined in file) is left out of a
-    # trace by exclude: (its time goes to its caller).
-    def excluded?(name, file)
-      @exclude.any? do |pattern|
-        case pattern
-        when Regexp then pattern.match?(name)
-        when PathPrefix then File.expand_path(file).start_with?(pattern.path)
-        else pattern == name
-        end
-      end
+    # exclude: for the tracer (C): [exact names, path prefixes, Regexps].
+    def exclusions
+      [@exclude.grep(String), @exclude.grep(PathPrefix).map(&:path), @exclude.grep(Regexp)]
     end
 
-    # A String of exclude: that names files: it starts with "/" or ".".
+    # A String of exclude: that names files: it starts with "/" or "."
+    # (expanded; it matches whole directory or file names).
     PathPrefix = Struct.new(:path)
 
     private
@@ -107,8 +101,9 @@ module Strobe
         unless given.empty?
           raise ArgumentError, "mode :trace takes no #{given.map(&:inspect).join(', ')} (it records every call, no samples)"
         end
-        if RAW_FORMATS.include?(opts[:format])
-          raise ArgumentError, "format #{opts[:format].inspect} is built from samples: mode :trace writes :json"
+        format = opts[:format].is_a?(String) ? opts[:format].to_sym : opts[:format]
+        if RAW_FORMATS.include?(format)
+          raise ArgumentError, "format #{format.inspect} is built from samples: mode :trace writes :json"
         end
       else
         given = %i[clock exclude].select { |key| opts.key?(key) }

@@ -210,6 +210,8 @@ module Strobe
     # known (total is shown as "-").
     def print_files(io = $stdout, limit: nil, sort_by_total: false)
       check_limit(limit)
+      return print_trace_files(io, limit: limit) if trace?
+
       list = if @result[:raw].is_a?(Array)
                Native.report_files(@result, kept_ids)
              else
@@ -305,7 +307,42 @@ module Strobe
 
     # The callgrind format, for KCachegrind and callgrind_annotate.
     def print_callgrind(io = $stdout)
+      return print_trace_callgrind(io) if trace?
+
       io.write(Native.report_callgrind(@result, kept_ids))
+    end
+
+    # A trace per source file: calls and self time of its methods.
+    def print_trace_files(io, limit:)
+      by_file = frames.values.group_by { |f| f[:file].to_s }.map do |file, fs|
+        [file, fs.sum { |f| f[:calls].to_i }, fs.sum { |f| f[:self_time].to_f }]
+      end
+      by_file = by_file.sort_by { |file, _, self_time| [-self_time, file] }
+      by_file = by_file.first(limit) if limit
+      total = trace_wall_time
+      io.printf("%10s  %12s    (pct)     FILE\n", "CALLS", "SELF ms")
+      by_file.each do |file, calls, self_time|
+        io.printf("%10d  %12.3f %8s     %s\n", calls, self_time * 1000, time_pct(self_time, total), file)
+      end
+    end
+
+    # A trace in the callgrind format: microseconds, each function's own
+    # cost and, per call edge, its calls and the time spent in them.
+    def print_trace_callgrind(io)
+      kept = frames
+      micros = ->(seconds) { (seconds.to_f * 1e6).round }
+      io.puts "# callgrind format", "version: 1", "creator: strobe", "positions: line", "events: Microseconds"
+      io.puts "summary: #{micros.(trace_wall_time)}"
+      kept.each do |id, f|
+        io.puts "", "fl=#{f[:file]}", "fn=#{f[:name]}"
+        line = f[:line].to_i
+        io.puts "#{line} #{micros.(f[:self_time])}"
+        (f[:edges] || {}).each do |callee, calls|
+          target = kept[callee] or next
+          io.puts "cfl=#{target[:file]}", "cfn=#{target[:name]}", "calls=#{calls} #{target[:line].to_i}"
+          io.puts "#{line} #{micros.((f[:call_times] || {})[callee])}"
+        end
+      end
     end
 
     # Folded stacks ("root;...;leaf count" a line) for flamegraph.pl,
