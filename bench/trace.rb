@@ -11,14 +11,17 @@
 # two null tracers (bench/hook_floor.c, compiled on the fly): hooks on the
 # same events that do nothing, and hooks that only read the clock Strobe
 # reads. They show the floor no tracer built on Ruby's event hooks can go
-# under on this machine. Slowdown = median(traced time) / median(untraced
-# time), over BENCH_REPS [5] runs each; budget: Strobe's slowdown at most a
-# quarter of ruby-prof's.
+# under on this machine. The untraced runs come first (once a hook has been
+# on, Ruby runs the methods it rewrote for it slower); the four traced
+# configurations then run in turn, BENCH_REPS [11] rounds, so the
+# machine's drift touches them alike. Slowdown = median(traced time) /
+# median(untraced time); budget: Strobe's slowdown at most a quarter of
+# ruby-prof's.
 #
 #   ruby -Ilib bench/trace.rb
 #
 # Needs the ruby-prof gem (`gem install ruby-prof -v 1.4.5`, as Debian's
-# ruby-prof); BENCH_FIB [25], BENCH_UNITS [workload units, 3000].
+# ruby-prof); BENCH_REPS [11], BENCH_FIB [25], BENCH_UNITS [workload units, 3000].
 
 require_relative "bench_helper"
 require "ruby-prof"
@@ -27,7 +30,7 @@ require "fileutils"
 require "open3"
 
 module TraceBench
-  REPS = Bench.env_int("BENCH_REPS", 5)
+  REPS = Bench.env_int("BENCH_REPS", 11)
   FIB = Bench.env_int("BENCH_FIB", 25)
   UNITS = Bench.env_int("BENCH_UNITS", 3000)
   BUDGET = 0.25
@@ -47,28 +50,22 @@ module TraceBench
     require File.join(dir, "hook_floor")
   end
 
-  def median_time
-    Bench.median(Array.new(REPS) { Bench.time { yield } })
-  end
-
+  # The untraced runs first, while no hook has ever been on (Ruby leaves
+  # the methods it rewrote for tracing slower afterwards); then the four
+  # traced configurations in turn, one run of each per round, so that the
+  # machine's drift touches them alike. Medians of REPS runs.
   def run_case(name, work)
     work.call # warm up
-    base = median_time { work.call }
-    strobe = median_time { Strobe.run(mode: :trace) { work.call } }
-    ruby_prof = median_time { RubyProf::Profile.profile { work.call } }
-    empty = median_time do
-      HookFloor.empty_on
-      work.call
-    ensure
-      HookFloor.off
-    end
-    clock = median_time do
-      HookFloor.clock_on
-      work.call
-    ensure
-      HookFloor.off
-    end
-    [name, base, strobe, ruby_prof, empty, clock]
+    base = Bench.median(Array.new(REPS) { Bench.time { work.call } })
+    configs = {
+      strobe: -> { Strobe.run(mode: :trace) { work.call } },
+      ruby_prof: -> { RubyProf::Profile.profile { work.call } },
+      empty: -> { HookFloor.empty_on; begin; work.call; ensure; HookFloor.off; end },
+      clock: -> { HookFloor.clock_on; begin; work.call; ensure; HookFloor.off; end },
+    }
+    times = configs.transform_values { [] }
+    REPS.times { configs.each { |key, run| times[key] << Bench.time { run.call } } }
+    [name, base, *times.values_at(:strobe, :ruby_prof, :empty, :clock).map { |list| Bench.median(list) }]
   end
 
   def run

@@ -391,12 +391,13 @@ drop_if_empty(tthread_t *t, tstack_t *s)
     free(s);
 }
 
-/* The calling thread's state, made on its first event of this trace (or
- * when its native thread now runs another Thread: Ruby 3.1 reuses them). */
+/* The calling thread's state, made on its first event of this trace (a
+ * thread that begins forgets the state of its native thread's previous
+ * Thread: Ruby 3.1 reuses native threads). */
 static tthread_t *
 thread_state(void)
 {
-    if (self_state && self_generation == T.generation && self_state->thread == rb_thread_current()) return self_state;
+    if (self_state && self_generation == T.generation) return self_state;
     tthread_t *t;
     if (T.threads_len == T.threads_capa) {
         T.threads_capa = T.threads_capa ? T.threads_capa * 2 : 16;
@@ -496,9 +497,13 @@ static void
 trace_hook(VALUE data, rb_trace_arg_t *arg)
 {
     (void)data;
+    rb_event_flag_t event = rb_tracearg_event_flag(arg);
+    if (event == RUBY_EVENT_THREAD_BEGIN) {
+        self_state = NULL;
+        return;
+    }
     tthread_t *t = thread_state();
     if (t->ignored) return;
-    rb_event_flag_t event = rb_tracearg_event_flag(arg);
     int64_t now = now_ns(t);
     if (event == RUBY_EVENT_FIBER_SWITCH) {
         /* The thread's open-call counts (for recursion) are the running
@@ -595,7 +600,7 @@ strobe_trace_start(int cpu, VALUE names, VALUE paths, VALUE patterns)
     T.running = 1;
     rb_add_event_hook2((rb_event_hook_func_t)(void (*)(void))trace_hook,
                        RUBY_EVENT_CALL | RUBY_EVENT_RETURN | RUBY_EVENT_C_CALL | RUBY_EVENT_C_RETURN |
-                           RUBY_EVENT_FIBER_SWITCH,
+                           RUBY_EVENT_FIBER_SWITCH | RUBY_EVENT_THREAD_BEGIN,
                        Qnil, RUBY_EVENT_HOOK_FLAG_SAFE | RUBY_EVENT_HOOK_FLAG_RAW_ARG);
 }
 
