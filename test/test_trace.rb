@@ -99,6 +99,7 @@ class TestTrace < Minitest::Test
   # mid-call changes no count, and a call open across a switch is not
   # charged with the other fiber's time.
   def test_fibers_keep_their_own_stacks
+    skip_fibers_under_valgrind
     result = trace do
       fiber = Fiber.new do
         Work.twice
@@ -195,6 +196,7 @@ class TestTrace < Minitest::Test
   # The tracer keeps classes, names, Threads and fibers in C memory while
   # the traced code allocates: a GC (compacting) at every allocation.
   def test_survives_gc_at_every_allocation
+    skip_fibers_under_valgrind
     # (Not inside a fiber: a full GC on a fiber's small machine stack can
     # overflow it under GC.stress, tracing or not.)
     fiber = Fiber.new { Work.twice; Fiber.yield; Work.twice }
@@ -257,6 +259,7 @@ class TestTrace < Minitest::Test
 
   # The same method open in two fibers: each call's time counts.
   def test_recursion_is_counted_per_fiber
+    skip_fibers_under_valgrind
     result = trace do
       f1 = Fiber.new { Work.napper_after_yield(true) }
       f2 = Fiber.new { Work.napper_after_yield(false) }
@@ -272,6 +275,7 @@ class TestTrace < Minitest::Test
 
   # Fibers are not kept: many enumerators come and go.
   def test_many_enumerators
+    skip_fibers_under_valgrind
     result = trace { 20_000.times { e = [1, 2].each; e.next; e.next } }
     assert_equal 40_000, frame(result, "Enumerator#next")[1][:calls]
   end
