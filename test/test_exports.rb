@@ -147,6 +147,7 @@ class TestExports < Minitest::Test
   # `go tool pprof -top` reads the file and its per-function counts are the
   # text report's.
   def test_go_tool_pprof_top_matches_text_report
+    skip_statistics_under_valgrind
     result = workload_result
     assert_operator result[:samples], :>, 20
     Dir.mktmpdir do |dir|
