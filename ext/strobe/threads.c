@@ -89,26 +89,29 @@ strobe_threads_reset(void)
     atomic_fetch_add(&version, 1);
 }
 
-strobe_thread_t *
-strobe_threads_find(pid_t tid)
+/* The LIVE entry whose kernel thread is tid, or (thread not Qundef) whose
+ * Ruby Thread is thread. Lock-free, async-signal-safe. */
+static inline strobe_thread_t *
+find_live(pid_t tid, VALUE thread)
 {
     int n = atomic_load_explicit(&entries_len, memory_order_acquire);
     for (int i = 0; i < n; i++)
         if (atomic_load_explicit(&entries[i].state, memory_order_acquire) == STROBE_THREAD_LIVE &&
-            entries[i].tid == tid)
+            (thread == Qundef ? entries[i].tid == tid : entries[i].thread == thread))
             return &entries[i];
     return NULL;
 }
 
 strobe_thread_t *
+strobe_threads_find(pid_t tid)
+{
+    return find_live(tid, Qundef);
+}
+
+strobe_thread_t *
 strobe_threads_of(VALUE thread)
 {
-    int n = atomic_load_explicit(&entries_len, memory_order_acquire);
-    for (int i = 0; i < n; i++)
-        if (atomic_load_explicit(&entries[i].state, memory_order_acquire) == STROBE_THREAD_LIVE &&
-            entries[i].thread == thread)
-            return &entries[i];
-    return NULL;
+    return find_live(0, thread);
 }
 
 strobe_thread_t *
