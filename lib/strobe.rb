@@ -52,7 +52,7 @@ module Strobe
           Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions)
         else
           Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                       options.threads_list, options.native_timer)
+                       options.threads_list, options.native_timer, options.native)
         end
       end
     end

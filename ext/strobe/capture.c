@@ -7,7 +7,8 @@
  * Signal safety: strobe_capture() is async-signal-safe:
  * no malloc, no locks, no Ruby objects; only atomics, memcmp/memcpy,
  * clock_gettime and rb_profile_frames (which reads the VM stack of the
- * current thread, as every Ruby sampling profiler does). The drain (one
+ * current thread, as every Ruby sampling profiler does), and with native
+ * frames native.c's libunwind walk. The drain (one
  * consumer at a time) runs under the profile lock: on the timer thread while
  * it runs, else with the GVL held.
  *
@@ -55,8 +56,10 @@ same_stack(const strobe_slot_t *slot, const strobe_thread_t *t)
 {
     return slot->depth == t->scratch_depth &&
            slot->gc_kind == t->scratch_gc_kind &&
+           slot->native_depth == t->scratch_native_depth &&
            memcmp(slot->frames, t->scratch_frames, sizeof(VALUE) * (size_t)t->scratch_depth) == 0 &&
-           memcmp(slot->lines, t->scratch_lines, sizeof(int) * (size_t)t->scratch_depth) == 0;
+           memcmp(slot->lines, t->scratch_lines, sizeof(int) * (size_t)t->scratch_depth) == 0 &&
+           memcmp(slot->native, t->scratch_native, sizeof(uintptr_t) * (size_t)t->scratch_native_depth) == 0;
 }
 
 /* Appends now_us to the thread's newest slot if it holds the same stack and
@@ -88,6 +91,8 @@ fingerprint(const strobe_thread_t *t)
     for (int i = 0; i < t->scratch_depth; i++)
         h = (h ^ (uint64_t)t->scratch_frames[i] ^ ((uint64_t)(uint32_t)t->scratch_lines[i] << 32)) *
             0x100000001b3ULL;
+    for (int i = 0; i < t->scratch_native_depth; i++)
+        h = (h ^ (uint64_t)t->scratch_native[i]) * 0x100000001b3ULL;
     return h;
 }
 
@@ -98,7 +103,8 @@ strobe_capture_drained(int64_t seq)
 }
 
 int
-strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged)
+strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged,
+               const void *ucontext)
 {
     if (gc_kind == STROBE_FRAME_RUBY) {
         int depth = strobe_read_frames(thread, t->scratch_frames, t->scratch_lines);
@@ -109,6 +115,9 @@ strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, i
     t->scratch_gc_kind = (uint8_t)gc_kind;
     if (t->scratch_depth == 0 && gc_kind == STROBE_FRAME_RUBY)
         return 0; /* no Ruby frame to attribute the sample to */
+    /* Native frames go under Ruby ones; a GC sample has none. */
+    t->scratch_native_depth = ucontext && gc_kind == STROBE_FRAME_RUBY
+                                  ? strobe_native_capture(t, ucontext, t->scratch_native) : 0;
     if (unchanged) {
         uint64_t fp = gc_kind == STROBE_FRAME_RUBY ? fingerprint(t) : 0;
         *unchanged = fp != 0 && fp == t->last_fingerprint;
@@ -135,6 +144,8 @@ strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, i
     slot->gc_epoch = gc_epoch;
     memcpy(slot->frames, t->scratch_frames, sizeof(VALUE) * (size_t)slot->depth);
     memcpy(slot->lines, t->scratch_lines, sizeof(int) * (size_t)slot->depth);
+    slot->native_depth = t->scratch_native_depth;
+    memcpy(slot->native, t->scratch_native, sizeof(uintptr_t) * (size_t)slot->native_depth);
     t->last_seq = (int64_t)seq;
     atomic_store_explicit(&slot->state, STROBE_SLOT_READY, memory_order_release);
     return 1;

@@ -35,5 +35,18 @@ have_func("rb_profile_thread_frames", "ruby/debug.h")
 # names; 3.1 reads the class's __attached__).
 have_func("rb_class_attached_object", "ruby.h")
 
+# native: true: libunwind's local unwinder (Debian: libunwind-dev) walks the
+# native stack in the signal handler. Without it, native: true is refused
+# with an error saying so. STROBE_WITHOUT_LIBUNWIND=1 builds without it
+# even where it is installed (to test that refusal).
+# UNW_LOCAL_ONLY selects the local unwinder's entry points (libunwind.so).
+if ENV["STROBE_WITHOUT_LIBUNWIND"] != "1" && RUBY_PLATFORM.match?(/x86_64-linux|aarch64-linux/)
+  saved = $CPPFLAGS.dup
+  $CPPFLAGS << " -DUNW_LOCAL_ONLY"
+  found = have_header("libunwind.h") && have_library("unwind", "unw_backtrace", "libunwind.h") &&
+          have_func("unw_init_local2", "libunwind.h")
+  $CPPFLAGS = saved
+  $defs << "-DHAVE_LIBUNWIND" if found
+end
 
 create_makefile("strobe/strobe")

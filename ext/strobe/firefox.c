@@ -13,7 +13,8 @@
  *   samples     the thread's samples, time-ordered, with times in
  *               milliseconds from the start of profiling.
  * Categories: Ruby methods, C functions, GC (marking and sweeping as
- * subcategories), and, where samples carry GVL states, "Idle" for a blocked
+ * subcategories), Native (native frames, native: true; their file is the
+ * object they are in), and, where samples carry GVL states, "Idle" for a blocked
  * thread and "GVL wait" for one waiting for the GVL (its leaf frame copied
  * with that category, as the profiler colours a sample by its leaf).
  * The profile info panel shows the mode, interval, counts and metadata.
@@ -24,7 +25,7 @@
 #include "report.h"
 #include <stdlib.h>
 
-enum { CAT_OTHER, CAT_RUBY, CAT_CFUNC, CAT_GC, CAT_IDLE, CAT_GVL_WAIT, CATEGORIES };
+enum { CAT_OTHER, CAT_RUBY, CAT_CFUNC, CAT_GC, CAT_IDLE, CAT_GVL_WAIT, CAT_NATIVE, CATEGORIES };
 enum { GC_SUB_OTHER, GC_SUB_MARKING, GC_SUB_SWEEPING };
 
 static const char categories_json[] =
@@ -33,7 +34,8 @@ static const char categories_json[] =
     "{\"name\":\"C function\",\"color\":\"yellow\",\"subcategories\":[\"Other\"]},"
     "{\"name\":\"GC\",\"color\":\"orange\",\"subcategories\":[\"Other\",\"Marking\",\"Sweeping\"]},"
     "{\"name\":\"Idle\",\"color\":\"transparent\",\"subcategories\":[\"Other\"]},"
-    "{\"name\":\"GVL wait\",\"color\":\"lightred\",\"subcategories\":[\"Other\"]}]";
+    "{\"name\":\"GVL wait\",\"color\":\"lightred\",\"subcategories\":[\"Other\"]},"
+    "{\"name\":\"Native\",\"color\":\"blue\",\"subcategories\":[\"Other\"]}]";
 
 /* A growable array of 32-bit values (int32 where a column holds -1/null). */
 typedef struct {
@@ -106,6 +108,8 @@ classify_frames(ff_t *f)
             else cat = CAT_OTHER;
         } else if (file_len == 7 && !memcmp(file, "<cfunc>", 7)) {
             cat = CAT_CFUNC;
+        } else if (fr->native) {
+            cat = CAT_NATIVE;
         }
         f->frame_cat[t] = cat;
         f->frame_sub[t] = sub;

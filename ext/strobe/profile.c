@@ -97,6 +97,9 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->process_timer = 0;
         p->safepoint_timer = 0;
         p->track_states = 0;
+        p->native = 0;
+        p->native_incomplete = 0;
+        strobe_native_reset();
         p->active = 1;
     }
     /* Rounds of start/stop accumulate; the latest settings describe them. */
@@ -250,9 +253,9 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
     /* Both stacks are innermost first; the previous one is stored against
      * the end of its arrays, so the k-th frame from the root of either is
      * at [-k] from its end and the common root part is found with one index. */
-    const VALUE *f = frames + depth, *pf = p->prev_frames + STROBE_STACK_CAPA;
-    const int *l = lines + depth, *pl = p->prev_lines + STROBE_STACK_CAPA;
-    uint32_t *path = p->prev_path + STROBE_STACK_CAPA;
+    const VALUE *f = frames + depth, *pf = p->prev_frames + STROBE_PATH_CAPA;
+    const int *l = lines + depth, *pl = p->prev_lines + STROBE_PATH_CAPA;
+    uint32_t *path = p->prev_path + STROBE_PATH_CAPA;
     int limit = depth < p->prev_depth ? depth : p->prev_depth;
     int k = common_root(f, pf, l, pl, limit);
     p->table.batch++;
@@ -264,8 +267,8 @@ intern_stack(strobe_profile_t *p, const VALUE *frames, const int *lines, int dep
         p->table.level = (uint16_t)k;
         node = strobe_stack_table_child(&p->table, node, f[-k], l[-k]);
         path[-k] = node;
-        p->prev_frames[STROBE_STACK_CAPA - k] = f[-k];
-        p->prev_lines[STROBE_STACK_CAPA - k] = l[-k];
+        p->prev_frames[STROBE_PATH_CAPA - k] = f[-k];
+        p->prev_lines[STROBE_PATH_CAPA - k] = l[-k];
     }
     p->prev_depth = depth;
     return node;
@@ -319,11 +322,31 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
         for (uint32_t i = 0; i < n; i++) p->threads[thread].states[states[i] & (STROBE_STATES - 1)]++;
 }
 
+/* A slot with native frames: they go under its Ruby frames, in one stack
+ * (only ever built by the drain, under the profile lock). */
+static VALUE woven_frames[STROBE_PATH_CAPA];
+static int woven_lines[STROBE_PATH_CAPA];
+
 void
 strobe_profile_record_slot(const strobe_slot_t *slot)
 {
-    strobe_profile_record(strobe_threads_at(slot->thread), slot->gc_kind, slot->frames,
-                          slot->lines, slot->depth, slot->times, slot->states, slot->n_times);
+    const VALUE *frames = slot->frames;
+    const int *lines = slot->lines;
+    int depth = slot->depth;
+    if (slot->native_depth > 0 && depth > 0) {
+        int n = strobe_native_weave(slot->native, slot->native_depth, woven_frames);
+        if (n < 0) strobe_profile.native_incomplete += slot->n_times;
+        if (n > 0) {
+            memset(woven_lines, 0, sizeof(int) * (size_t)n);
+            memcpy(woven_frames + n, frames, sizeof(VALUE) * (size_t)depth);
+            memcpy(woven_lines + n, lines, sizeof(int) * (size_t)depth);
+            frames = woven_frames;
+            lines = woven_lines;
+            depth += n;
+        }
+    }
+    strobe_profile_record(strobe_threads_at(slot->thread), slot->gc_kind, frames, lines, depth, slot->times,
+                          slot->states, slot->n_times);
 }
 
 int

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 
-static VALUE sym_name, sym_file, sym_line, sym_total_samples, sym_samples, sym_edges, sym_lines,
+static VALUE sym_native, sym_name, sym_file, sym_line, sym_total_samples, sym_samples, sym_edges, sym_lines,
     sym_frames, sym_raw;
 
 /* ---- loading ---------------------------------------------------------------- */
@@ -71,7 +71,9 @@ load_frame(VALUE id, VALUE frame, VALUE arg)
     f->total = strobe_count_of(rb_hash_lookup2(frame, sym_total_samples, Qnil), "total_samples");
     f->self = strobe_count_of(rb_hash_lookup2(frame, sym_samples, Qnil), "samples");
     f->line = -1;
+    f->native = 0;
     if (r->details) {
+        f->native = RTEST(rb_hash_lookup2(frame, sym_native, Qfalse));
         f->file = rb_hash_lookup2(frame, sym_file, Qnil);
         if (!RB_TYPE_P(f->file, T_STRING)) f->file = NIL_P(f->file) ? rb_str_new(0, 0) : rb_obj_as_string(f->file);
         VALUE line = rb_hash_lookup2(frame, sym_line, Qnil);
@@ -1000,6 +1002,7 @@ strobe_report_define(VALUE mNative)
 {
     sym_name = ID2SYM(rb_intern("name"));
     sym_file = ID2SYM(rb_intern("file"));
+    sym_native = ID2SYM(rb_intern("native"));
     sym_line = ID2SYM(rb_intern("line"));
     sym_total_samples = ID2SYM(rb_intern("total_samples"));
     sym_samples = ID2SYM(rb_intern("samples"));

@@ -58,6 +58,7 @@ typedef struct {
 typedef struct {
     VALUE id, name, file;
     long line;               /* -1 when absent */
+    int native;              /* a native (C) frame (native: true) */
     uint64_t total, self;
     VALUE edges, lines;      /* Hashes or nil */
 } rframe_t;

@@ -228,6 +228,10 @@ static VALUE
 frame_details(const strobe_frame_t *f)
 {
     VALUE d = rb_hash_new();
+    if (f->kind == STROBE_FRAME_NATIVE) {
+        strobe_native_details(f->value, d);
+        return d;
+    }
     if (f->kind != STROBE_FRAME_RUBY) {
         rb_hash_aset(d, strobe_sym("name"), rb_str_new_cstr(pseudo_frame_names[f->kind]));
         rb_hash_aset(d, strobe_sym("file"), rb_str_new_cstr(""));
@@ -315,6 +319,13 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     /* Strobe's: samples whose stack was deeper than STROBE_MAX_DEPTH frames;
      * they keep the innermost ones under a "(truncated)" root frame. */
     rb_hash_aset(result, strobe_sym("truncated_samples"), ULL2NUM(p->truncated_samples));
+    /* Strobe's, with native: true: native frames were woven in, and how many
+     * samples' native stacks did not reach the interpreter (libunwind could
+     * not walk them) and were left with their Ruby frames only. */
+    if (p->native) {
+        rb_hash_aset(result, strobe_sym("native"), Qtrue);
+        rb_hash_aset(result, strobe_sym("native_incomplete_samples"), ULL2NUM(p->native_incomplete));
+    }
     rb_hash_aset(result, strobe_sym("metadata"), rb_hash_new());
     /* Strobe's: when profiling first started (Unix time, microseconds) and
      * for how long (microseconds from the first start to the latest stop,

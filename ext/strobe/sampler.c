@@ -116,6 +116,7 @@ static struct {
     rb_internal_thread_event_hook_t *gvl_hook;
 #endif
     int track_states;        /* this round records GVL states */
+    int native;              /* this round captures native frames in the handler */
 
     /* a descriptor forked children close (strobe serve's socket), -1 none */
     int child_fd, null_fd;
@@ -174,6 +175,7 @@ current_entry(void)
     /* It runs Ruby code now: it holds the GVL. */
     t = strobe_threads_add(strobe_gettid(), thread, S.track_states ? STROBE_STATE_RUNNING : STROBE_STATE_UNKNOWN);
     if (!t) S.unsampled_threads++;
+    else if (S.native) strobe_native_warm(t);
     return t;
 }
 
@@ -251,6 +253,11 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
                   : (event & RUBY_INTERNAL_THREAD_EVENT_READY) ? STROBE_STATE_WAITING
                   : STROBE_STATE_BLOCKED;
     atomic_store_explicit(&t->gvl_state, state, memory_order_relaxed);
+    /* A thread that was running when profiling started, resuming on its
+     * own thread: the first chance to set up its fast native unwinding. */
+    if (state == STROBE_STATE_RUNNING && S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed) &&
+        t == strobe_threads_self())
+        strobe_native_warm(t);
 }
 #endif
 
@@ -369,7 +376,7 @@ sample_kind_now(void)
 /* Takes one sample of thread t: the calling thread (thread Qfalse), or,
  * with the GVL held, another (its Ruby Thread). Returns 1 if captured. */
 static int
-sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged)
+sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged, const void *ucontext)
 {
     /* The GC count before the during-GC flag: Ruby raises the flag before
      * it counts a GC, so with the flag clear afterwards every GC in the
@@ -379,25 +386,26 @@ sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged)
     atomic_thread_fence(memory_order_acquire);
     int gc_kind = sample_kind_now();
     if (gc_kind < 0) return -1;
-    return strobe_capture(t, thread, gc_kind, gc_epoch, strobe_now_us(), unchanged);
+    return strobe_capture(t, thread, gc_kind, gc_epoch, strobe_now_us(), unchanged, S.native ? ucontext : NULL);
 }
 
 /* One time-mode sample of thread t, whose in_handler guard the caller
  * holds: the calling thread (thread Qfalse; from the handler or
  * sample_job), or another thread read with the GVL held (its Ruby Thread;
- * from sample_job, Ruby 3.2+). */
+ * from sample_job, Ruby 3.2+). ucontext: the handler's signal context,
+ * for native frames; NULL elsewhere. */
 static void
-take_sample(strobe_thread_t *t, VALUE thread)
+take_sample(strobe_thread_t *t, VALUE thread, const void *ucontext)
 {
     if (S.mode == STROBE_MODE_WALL) {
         /* The same stack twice: the thread is likely blocked. Its CPU time
          * now lets the timer see whether it ran since (see timer_main). */
         int unchanged = 0;
-        int r = sample_thread(t, thread, &unchanged);
+        int r = sample_thread(t, thread, &unchanged, ucontext);
         if (r == 0) strobe_profile_add_missed(1);
         clockid_t clock = RTEST(thread) ? t->cpu_clock : CLOCK_THREAD_CPUTIME_ID;
         atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(clock) : -1);
-    } else if (sample_thread(t, thread, NULL) == 0) {
+    } else if (sample_thread(t, thread, NULL, ucontext) == 0) {
         strobe_profile_add_missed(1);
     }
 }
@@ -431,7 +439,7 @@ serve_owed(strobe_thread_t *t, VALUE thread)
 {
     if (!atomic_exchange(&t->deferred, 0)) return;
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); return; }
-    take_sample(t, thread);
+    take_sample(t, thread, NULL);
     if (S.safepoint_timer && S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
     atomic_store(&t->in_handler, 0);
 }
@@ -449,7 +457,10 @@ sample_job(void *unused)
     (void)unused;
     if (!atomic_load(&S.running)) return;
     strobe_thread_t *self = strobe_threads_self();
-    if (self) serve_owed(self, Qfalse);
+    if (self) {
+        if (S.native) strobe_native_warm(self); /* its own thread, no handler */
+        serve_owed(self, Qfalse);
+    }
 #ifdef HAVE_RB_PROFILE_THREAD_FRAMES
     if (S.safepoint_timer) {
         strobe_threads_lock();
@@ -477,7 +488,7 @@ trigger_sample_job(void)
 static void
 signal_handler(int sig, siginfo_t *info, void *ucontext)
 {
-    (void)sig; (void)info; (void)ucontext;
+    (void)sig; (void)info;
     int saved_errno = errno;
 
     if (!atomic_load(&S.running) || !atomic_load(&S.vm_alive)) goto out;
@@ -504,7 +515,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         atomic_store(&t->idle_cpu_ns, -1); /* it is running */
         trigger_sample_job();
     } else {
-        take_sample(t, Qfalse);
+        take_sample(t, Qfalse, ucontext);
         if (S.process_timer) trigger_drain();
     }
     if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
@@ -805,9 +816,13 @@ jit_frames_unsafe(void)
 }
 
 const char *
-strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer)
+strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer, int native)
 {
     if (atomic_load(&S.running)) return "already running";
+    if (native && !strobe_native_available())
+        return "native: true needs libunwind, which Strobe was built without (install libunwind-dev, then reinstall strobe)";
+    if (native && (!(mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) || timer == STROBE_TIMER_SAFEPOINTS))
+        return "native: true takes native stacks in the signal handler: it needs mode :wall or :cpu with timer signals";
 
     S.mode = mode;
     S.defer_running = jit_frames_unsafe();
@@ -820,6 +835,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
 
     S.track_states = 0;
     S.safepoint_timer = 0;
+    S.native = 0;
     if ((mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) && timer == STROBE_TIMER_SAFEPOINTS) {
         /* No signal handler at all: the timer thread owes samples to the
          * threads and a postponed job takes them at safe points. */
@@ -837,8 +853,12 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
     } else if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
         const char *err = install_handler();
         if (err) return err;
+        S.native = native; /* before registering: threads registering set up their unwinding */
         gvl_states_start();
         register_running_threads();
+        strobe_thread_t *self = strobe_threads_self();
+        if (native && self) strobe_native_warm(self);
+        if (native) strobe_profile.native = 1;
         atomic_store(&S.running, 1);
         /* No timer thread (out of threads, say): the process-wide timer.
          * Set before any signal can arrive; the handler reads it. */

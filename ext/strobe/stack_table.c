@@ -165,8 +165,10 @@ strobe_stack_table_node(strobe_stack_table_t *st, uint32_t parent, uint32_t fram
 uint32_t
 strobe_stack_table_child_slow(strobe_stack_table_t *st, uint32_t parent, VALUE value, int32_t line)
 {
-    uint32_t frame = strobe_stack_table_frame(st, value,
-                                              value == STROBE_TRUNCATED_VALUE ? STROBE_FRAME_TRUNCATED : STROBE_FRAME_RUBY);
+    int kind = value == STROBE_TRUNCATED_VALUE ? STROBE_FRAME_TRUNCATED
+             : STROBE_NATIVE_P(value)         ? STROBE_FRAME_NATIVE
+                                              : STROBE_FRAME_RUBY;
+    uint32_t frame = strobe_stack_table_frame(st, value, kind);
     uint32_t node = strobe_stack_table_node(st, parent, frame, line);
     *strobe_child_cache_entry(st, parent, value, line) = (strobe_child_cache_t){ value, parent, line, node };
     return node;

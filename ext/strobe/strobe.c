@@ -68,9 +68,10 @@ mode_from_sym(VALUE mode)
     rb_raise(rb_eArgError, "unknown mode: %+"PRIsVALUE, mode);
 }
 
-/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer) -> bool
- * threads: nil for every thread, or an Array of Threads; timer: :threads
- * or :process (see sampler.c). */
+/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer, native) -> bool
+ * threads: nil for every thread, or an Array of Threads; timer: :threads,
+ * :process or :safepoints (see sampler.c); native: capture native frames
+ * too (native.c). */
 /* threads: nil, or an Array of Threads (checked, copied). */
 static VALUE
 threads_arg(VALUE threads)
@@ -91,7 +92,7 @@ running(void)
 
 static VALUE
 native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
-             VALUE timer)
+             VALUE timer, VALUE native)
 {
     if (running()) return Qfalse;
     if (strobe_trace_active()) rb_raise(eStrobeError, "a trace is waiting for its results: call Strobe.results first");
@@ -108,7 +109,7 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     strobe_timer_t t = timer == strobe_sym("process")      ? STROBE_TIMER_PROCESS
                      : timer == strobe_sym("safepoints") ? STROBE_TIMER_SAFEPOINTS
                                                          : STROBE_TIMER_THREADS;
-    const char *err = strobe_sampler_start(m, iv, threads, t);
+    const char *err = strobe_sampler_start(m, iv, threads, t, RTEST(native));
     if (err) {
         if (fresh) strobe_profile_clear();
         rb_raise(eStrobeError, "cannot start profiling: %s", err);
@@ -317,7 +318,9 @@ Init_strobe(void)
     strobe_capture_reset();
     strobe_sampler_init();
 
-    rb_define_singleton_method(mNative, "start", native_start, 7);
+    rb_define_singleton_method(mNative, "start", native_start, 8);
+    /* Whether native: true can work: Strobe was built with libunwind. */
+    rb_define_const(mNative, "NATIVE_FRAMES", strobe_native_available() ? Qtrue : Qfalse);
     rb_define_singleton_method(mNative, "trace_start", native_trace_start, 5);
     rb_define_singleton_method(mNative, "trace_active?", native_trace_active_p, 0);
     rb_define_singleton_method(mNative, "stop", native_stop, 0);

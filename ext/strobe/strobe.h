@@ -56,8 +56,19 @@ typedef enum {
     STROBE_FRAME_GC,      /* "(garbage collection)" */
     STROBE_FRAME_MARKING, /* "(marking)" */
     STROBE_FRAME_SWEEPING, /* "(sweeping)" */
-    STROBE_FRAME_TRUNCATED /* "(truncated)": the outermost entry of a stack cut to STROBE_MAX_DEPTH */
+    STROBE_FRAME_TRUNCATED, /* "(truncated)": the outermost entry of a stack cut to STROBE_MAX_DEPTH */
+    STROBE_FRAME_NATIVE   /* a native (C) function, woven under the Ruby frames (native.c) */
 } strobe_frame_kind_t;
+
+/* Native frames captured per sample (native: true), innermost first. */
+#define STROBE_NATIVE_CAPA 128
+/* A stack as recorded: the Ruby frames and the native ones woven under them. */
+#define STROBE_PATH_CAPA (STROBE_STACK_CAPA + STROBE_NATIVE_CAPA)
+/* A native frame's function start address as a frame value: odd, so never
+ * an object (rb_profile_frames gives aligned pointers) nor a GC kind. */
+#define STROBE_NATIVE_VALUE(addr) ((VALUE)(((uintptr_t)(addr) << 1) | 1))
+#define STROBE_NATIVE_P(value) (((VALUE)(value) & 1) != 0)
+#define STROBE_NATIVE_ADDR(value) ((uintptr_t)(value) >> 1)
 
 /* What a thread was doing when sampled, from Ruby's GVL events (Ruby 3.2+,
  * see sampler.c); UNKNOWN where they are not available. */
@@ -114,6 +125,8 @@ typedef struct {
     uint8_t states[STROBE_SLOT_TIMES]; /* the thread's state at each */
     VALUE frames[STROBE_STACK_CAPA];  /* innermost first, as rb_profile_frames */
     int lines[STROBE_STACK_CAPA];
+    int native_depth;        /* native return addresses (native: true), else 0 */
+    uintptr_t native[STROBE_NATIVE_CAPA]; /* innermost first, from the interrupted instruction */
 } strobe_slot_t;
 
 /* A thread the sampler targets (threads.c), with its scratch capture buffer. */
@@ -141,7 +154,10 @@ typedef struct {
     uint64_t last_fingerprint;   /* handler: digest of its previous capture */
     _Atomic int64_t idle_cpu_ns; /* handler: its CPU time right after a capture
                                   * equal to the previous one, else -1 */
+    atomic_int native_warm;  /* libunwind's per-thread state is set up (native.c) */
     int scratch_depth;
+    int scratch_native_depth;
+    uintptr_t scratch_native[STROBE_NATIVE_CAPA];
     uint8_t scratch_gc_kind;
     int64_t scratch_time;
     VALUE scratch_frames[STROBE_STACK_CAPA];
@@ -156,7 +172,10 @@ void strobe_capture_reset(void);
  * previous capture. */
 /* thread: Qfalse to read the calling thread's frames (signal-safe), or the
  * Ruby Thread of t (GVL held, Ruby 3.2+: the safepoint scheduler). */
-int strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged);
+/* ucontext: the handler's signal context when native frames are to be
+ * captured too (native: true), else NULL. */
+int strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged,
+                   const void *ucontext);
 /* Whether the slot of sequence seq has been drained (any thread). */
 int strobe_capture_drained(int64_t seq);
 /* GVL held: hand every completed slot to fn, oldest first. */
@@ -207,6 +226,44 @@ int strobe_threads_len(void);
 strobe_thread_t *strobe_threads_at(int index);
 int strobe_threads_live(void);
 void strobe_threads_mark(void);
+
+/* ---- native.c: native frames (native: true) ------------------------------ */
+
+/* Whether Strobe was built with libunwind. */
+int strobe_native_available(void);
+/* Async-signal-safe: the interrupted native stack of the calling thread
+ * (t's) from the handler's ucontext into out (STROBE_NATIVE_CAPA return
+ * addresses, innermost first); returns how many. */
+int strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t *out);
+/* On t's own thread, never in a signal handler: set up what lets its
+ * handler use libunwind's fast path. */
+void strobe_native_warm(strobe_thread_t *t);
+/* Under the profile lock: the native frames (STROBE_NATIVE_VALUEs,
+ * innermost first) of a captured native stack that go under its innermost
+ * Ruby frame, into out (STROBE_NATIVE_CAPA); how many, or -1 when the
+ * stack did not reach the interpreter (it is then left out). */
+int strobe_native_weave(const uintptr_t *ips, int n, VALUE *out);
+/* Under the profile lock, nothing sampling: forget cached resolutions. */
+void strobe_native_reset(void);
+/* GVL held: name, file and native: true of a native frame into details. */
+void strobe_native_details(VALUE value, VALUE details);
+
+/* ---- symbols.c: names of native code ----------------------------------- */
+
+typedef struct {
+    uintptr_t start;         /* the function's first address, 0 when unnamed */
+    const char *name;        /* its symbol, NULL when unnamed */
+    const char *path;        /* the object it is in */
+    const char *object_name; /* the object's file name without directories */
+    uintptr_t base;          /* the object's load bias */
+    int object;              /* the object's index */
+} strobe_symbol_t;
+
+/* The object and function at addr; 0 (out zeroed) when in no object.
+ * Strings stay valid for the life of the process. Not signal-safe. */
+int strobe_symbols_find(uintptr_t addr, strobe_symbol_t *out);
+/* The index of the object at addr, or -1. */
+int strobe_symbols_object_of(uintptr_t addr);
 
 /* ---- stack_table.c: interned frames and the prefix tree ---------------- */
 
@@ -325,10 +382,12 @@ typedef struct {
     int threads_len, threads_capa;
     /* The previous stack recorded (innermost first, ending at the arrays'
      * ends) and its nodes, so a new one only interns what differs. */
-    uint32_t prev_path[STROBE_STACK_CAPA];
-    VALUE prev_frames[STROBE_STACK_CAPA];
-    int prev_lines[STROBE_STACK_CAPA];
+    uint32_t prev_path[STROBE_PATH_CAPA];
+    VALUE prev_frames[STROBE_PATH_CAPA];
+    int prev_lines[STROBE_PATH_CAPA];
     int prev_depth;
+    int native;              /* some round captured native frames */
+    uint64_t native_incomplete; /* native stacks that did not reach the interpreter */
 } strobe_profile_t;
 
 extern strobe_profile_t strobe_profile;
@@ -370,7 +429,8 @@ void strobe_sampler_init(void);
  * with no signal at all (scheduler: :thread). */
 typedef enum { STROBE_TIMER_THREADS, STROBE_TIMER_PROCESS, STROBE_TIMER_SAFEPOINTS } strobe_timer_t;
 /* only: an Array of the Threads to profile, or Qnil for every thread. */
-const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer);
+/* native: also capture native frames (mode :wall or :cpu, with signals). */
+const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer, int native);
 void strobe_sampler_stop(void);
 int strobe_sampler_running(void);
 /* Profiled threads not sampled because STROBE_MAX_THREADS were running. */

@@ -149,6 +149,7 @@ subset_body(VALUE arg)
             if (!NIL_P(v = key(src, "name"))) rb_hash_aset(d, strobe_sym("name"), v);
             if (!NIL_P(v = key(src, "file"))) rb_hash_aset(d, strobe_sym("file"), v);
             if (!NIL_P(v = key(src, "line"))) rb_hash_aset(d, strobe_sym("line"), v);
+            if (RTEST(v = key(src, "native"))) rb_hash_aset(d, strobe_sym("native"), Qtrue);
         }
         rb_ary_push(details, d);
         rb_ary_push(frame_ids, id);

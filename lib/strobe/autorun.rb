@@ -10,6 +10,7 @@
 #   STROBE_INTERVAL  sampling interval (microseconds; allocations in object mode)
 #   STROBE_RAW       1/true to keep raw samples (0/false/empty: not)
 #   STROBE_IGNORE_GC 1/true to leave GC out of the samples
+#   STROBE_NATIVE    1/true to record native (C) frames too (wall, cpu)
 #   STROBE_FORMAT    json (default), pprof, firefox, speedscope or
 #                    sampling_prof (the last four keep raw samples unless
 #                    STROBE_RAW=0, which they refuse)
@@ -74,7 +75,8 @@ module Strobe
     def options
       # STROBE_RAW unset: the default (on for the formats built from raw samples)
       opts = { mode: (@env["STROBE_MODE"] || "wall").strip, raw: present("STROBE_RAW") && flag("STROBE_RAW"),
-               ignore_gc: flag("STROBE_IGNORE_GC"), out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
+               ignore_gc: flag("STROBE_IGNORE_GC"), native: flag("STROBE_NATIVE"),
+               out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
       interval = present("STROBE_INTERVAL")
       opts[:interval] = integer("STROBE_INTERVAL", interval) if interval
       format = present("STROBE_FORMAT")

@@ -110,7 +110,7 @@ module Strobe
       end
 
       # The profiler's own checks of the interval and of the out path.
-      Options.new(mode: settings[:mode], interval: settings[:interval], out: out)
+      Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native], out: out)
       if [LIB_DIR, out].any? { |path| path.match?(/\s/) }
         raise UsageError, "cannot run with a space in Strobe's directory (#{LIB_DIR}) or in the profile path " \
                           "(#{out}): RUBYOPT and the environment cannot carry it"
@@ -126,6 +126,7 @@ module Strobe
         "STROBE_MODE" => settings[:mode],
         "STROBE_INTERVAL" => settings[:interval]&.to_s,
         "STROBE_RAW" => settings[:raw] ? "1" : "0",
+        "STROBE_NATIVE" => settings[:native] ? "1" : "0",
         "STROBE_OUT" => out,
       )
     end
@@ -208,13 +209,14 @@ module Strobe
       end
 
       begin
-        Options.new(mode: settings[:mode], interval: settings[:interval])
+        Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native])
       rescue ArgumentError => e
         raise UsageError, "serve: #{e.message}"
       end
       raise UsageError, "cannot serve with a space in Strobe's directory (#{LIB_DIR})" if LIB_DIR.match?(/\s/)
 
       env = ruby_env.merge("STROBE_MODE" => settings[:mode], "STROBE_INTERVAL" => settings[:interval]&.to_s,
+                           "STROBE_NATIVE" => settings[:native] ? "1" : "0",
                            "STROBE_SERVE" => settings[:port].to_s, "STROBE_SIGNAL" => nil, "STROBE_OUT" => nil)
       Process.exec(env, *args)
     rescue SystemCallError => e
@@ -484,6 +486,9 @@ module Strobe
       parser.on("-i", "--interval N", Integer,
                 "Sampling interval: microseconds, or allocations in object mode (default: 1000 / 1)") do |n|
         settings[:interval] = n
+      end
+      parser.on("--native", "Also record native (C) frames, under the Ruby frames that called them (wall, cpu)") do
+        settings[:native] = true
       end
     end
 

@@ -47,7 +47,7 @@ module Strobe
         meta: { title: @title, mode: @report.mode, interval: @report.interval, samples: @report.samples,
                 unit: "samples", view: @view },
         frames: { name: details.map { |f| f[:name].to_s }, file: details.map { |f| f[:file].to_s },
-                  line: details.map { |f| f[:line] } },
+                  line: details.map { |f| f[:line] }, native: details.map { |f| f[:native] ? 1 : 0 } },
         tree: tree.slice(:parent, :frame, :self, :total),
         timeline: { node: tree[:run_nodes], count: tree[:run_counts] },
       }

@@ -61,7 +61,7 @@ module Strobe
 
         key = [frame[:name].to_s, frame[:file].to_s, frame[:line]]
         new_id = ids[key] ||= ids.size + 1
-        target = merged[new_id] ||= frame.slice(:name, :file, :line).merge(total_samples: 0, samples: 0)
+        target = merged[new_id] ||= frame.slice(:name, :file, :line, :native).merge(total_samples: 0, samples: 0)
         target[:total_samples] += ProfileFile.count(frame[:total_samples], "total_samples of #{key[0]}")
         target[:samples] += ProfileFile.count(frame[:samples], "samples of #{key[0]}")
         add_trace_numbers(target, frame, key[0]) if frame.key?(:calls)

@@ -9,11 +9,11 @@ module Strobe
   class Options
     MODES = %i[wall cpu object custom trace].freeze
     KEYS = %i[mode interval raw aggregate ignore_gc metadata out format on_result threads timer scheduler clock
-              exclude].freeze
+              exclude native].freeze
     # mode: :trace's clocks: elapsed time, or each thread's own CPU time.
     CLOCKS = %i[wall cpu].freeze
     # Options for sampling only, refused with mode: :trace.
-    SAMPLING_ONLY = %i[interval raw aggregate ignore_gc timer scheduler].freeze
+    SAMPLING_ONLY = %i[interval raw aggregate ignore_gc timer scheduler native].freeze
     # File formats results can write (out:, format:): Strobe's own JSON,
     # SamplingProf's text, pprof's profile.proto (gzipped), the Firefox
     # Profiler's JSON and speedscope's JSON.
@@ -33,7 +33,7 @@ module Strobe
     MAX_OBJECT_INTERVAL = 2**31 - 1
 
     attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer,
-                :scheduler, :clock, :exclude
+                :scheduler, :clock, :exclude, :native
 
     def initialize(opts)
       unknown = opts.keys - KEYS
@@ -67,6 +67,7 @@ module Strobe
       if @scheduler == :thread && opts.key?(:timer)
         raise ArgumentError, "scheduler: :thread uses no timer signal: leave out timer: #{@timer.inspect}"
       end
+      @native = parse_native(opts.fetch(:native, false))
     end
 
     def trace?
@@ -154,6 +155,23 @@ module Strobe
       return value == true if [true, false, nil].include?(value)
 
       raise ArgumentError, "#{name} must be true or false, got #{value.inspect}"
+    end
+
+    # native: true walks the native stack in the signal handler: time modes
+    # with signals only, and only where Strobe was built with libunwind.
+    def parse_native(value)
+      return false unless parse_flag(:native, value)
+
+      unless %i[wall cpu].include?(@mode) && @scheduler == :signals
+        raise ArgumentError, "native: true needs mode :wall or :cpu with timer signals " \
+                             "(native stacks are taken in the signal handler), got mode #{@mode.inspect}" \
+                             "#{", scheduler #{@scheduler.inspect}" if @scheduler != :signals}"
+      end
+      unless Native::NATIVE_FRAMES
+        raise ArgumentError, "native: true needs libunwind, and Strobe was built without it: " \
+                             "install libunwind-dev (Debian, Ubuntu) or libunwind-devel, then reinstall strobe"
+      end
+      true
     end
 
     def parse_threads(value)

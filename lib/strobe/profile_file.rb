@@ -222,6 +222,7 @@ module Strobe
     def encode_frame(id, frame)
       out = { id: id, name: frame[:name], file: frame[:file] }
       out[:line] = frame[:line] if frame.key?(:line)
+      out[:native] = true if frame[:native]
       out[:total_samples] = frame[:total_samples]
       out[:samples] = frame[:samples]
       out[:edges] = frame[:edges].to_a if frame[:edges]
@@ -314,6 +315,7 @@ module Strobe
       what = "#{name}: frame #{frame[:id]}"
       out = { name: frame[:name].to_s, file: frame[:file] }
       out[:line] = frame[:line] if frame.key?(:line)
+      out[:native] = true if frame[:native] == true
       out[:total_samples] = count(frame[:total_samples], "#{what} total_samples")
       out[:samples] = count(frame[:samples], "#{what} samples")
       if frame[:edges]

@@ -36,10 +36,12 @@ module Strobe
     # Source files larger than this are not shown.
     MAX_BYTES = 16 * 1024 * 1024
 
-    # The file's lines, or nil: only regular files (a profile may name
-    # /dev/zero or a FIFO) of a sane size are read.
+    # The file's lines, or nil: only regular text files (a profile may name
+    # /dev/zero, a FIFO, or a native frame's shared object) of a sane size
+    # are read.
     def read
       return nil unless File.file?(@file) && File.size(@file) <= MAX_BYTES
+      return nil if File.binread(@file, 4096)&.include?("\0")
 
       File.readlines(@file)
     rescue SystemCallError, IOError

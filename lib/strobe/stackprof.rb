@@ -105,7 +105,7 @@ module StackProf
       options = Options.new(opts)
       @pending.start(metadata: options.metadata, out: options.out) do
         Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                             options.threads, :threads)
+                             options.threads, :threads, false)
       end
     end
 

@@ -1,0 +1,315 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "firefox_checks"
+require_relative "protobuf_reader"
+require "json"
+require "zlib"
+require "fileutils"
+require "stringio"
+
+# native: true: native (C) frames woven under the Ruby frames that called
+# into C. The C functions come from test/native_ext, a small extension
+# built here with known names and call structure, and from zlib.
+class TestNative < Minitest::Test
+  include FirefoxChecks
+
+  EXT_SRC = File.expand_path("native_ext", __dir__)
+  EXT_DIR = File.expand_path("../tmp/native_ext", __dir__)
+  EXT_NAME = "strobe_native_test.#{RbConfig::CONFIG['DLEXT']}".freeze
+  SPIN = 2_000_000 # rounds of a C loop: some milliseconds
+
+  # Builds (when its sources are newer) and loads test/native_ext.
+  def self.load_extension
+    @load_extension ||= begin
+      so = File.join(EXT_DIR, EXT_NAME)
+      newest = Dir[File.join(EXT_SRC, "*")].map { |f| File.mtime(f) }.max
+      unless File.exist?(so) && File.mtime(so) >= newest
+        FileUtils.mkdir_p(EXT_DIR)
+        # Without the sanitizer runtime rake test:asan preloads here.
+        env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }
+        built = Dir.chdir(EXT_DIR) do
+          system(env, RbConfig.ruby, File.join(EXT_SRC, "extconf.rb"), out: File::NULL) &&
+            system(env, "make", "-s", out: File::NULL)
+        end
+        raise "building #{EXT_SRC} failed" unless built
+      end
+      require so
+      true
+    end
+  end
+
+  def setup
+    skip "Strobe was built without libunwind" unless Strobe::Native::NATIVE_FRAMES
+    self.class.load_extension
+  end
+
+  # Runs the block over and over for about seconds, profiled with
+  # native: true (and raw samples); the result. Only this thread is
+  # profiled unless threads: says otherwise (other tests' threads may live).
+  def profile(seconds: 0.4, **opts, &block)
+    Strobe.run(native: true, raw: true, interval: 250, threads: [Thread.current], **opts) do
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+      block.call while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    end
+  end
+
+  # The sampled stacks, outermost frame first: [[frame Hashes], count].
+  def stacks(result)
+    raw = result[:raw]
+    out = []
+    i = 0
+    while i < raw.size
+      depth = raw[i]
+      out << [raw[i + 1, depth].map { |id| result[:frames].fetch(id) }, raw[i + 1 + depth]]
+      i += depth + 2
+    end
+    out
+  end
+
+  def names(frames) = frames.map { |f| f[:name] }
+
+  # The native part of a stack (its innermost frames) and the Ruby part.
+  def split(frames)
+    ruby = frames.take_while { |f| !f[:native] }
+    [ruby, frames.drop(ruby.size)]
+  end
+
+  def native_name(function) = "#{function} (#{EXT_NAME})"
+
+  # What every woven stack must satisfy: native frames only at the inner
+  # end, each naming an object file that exists, and none of them the
+  # interpreter's own (folded) or its pass-through helpers (dropped).
+  def assert_woven(result)
+    assert_equal true, result[:native]
+    stacks(result).each do |frames, _|
+      ruby, native = split(frames)
+      refute native.any? { |f| !f[:native] }, "a Ruby frame under a native one: #{names(frames).inspect}"
+      refute_empty ruby, "a stack without Ruby frames: #{names(frames).inspect}"
+      native.each do |f|
+        # The kernel's vDSO (clock_gettime) is in memory only.
+        assert File.file?(f[:file]) || f[:file] == "linux-vdso.so.1", "native frame #{f[:name]} names #{f[:file].inspect}"
+        refute_match(/\A(rb_vm_exec|vm_|rb_yield|rb_funcall|rb_ensure|rb_protect|rb_nogvl|ruby_run_node) /, f[:name])
+      end
+    end
+  end
+
+  def test_c_functions_appear_under_the_ruby_frame_that_called_them
+    result = profile { StrobeNativeTest.spin(SPIN) }
+    assert_woven(result)
+    in_leaf = stacks(result).select { |frames, _| frames.last[:name] == native_name("spin_leaf") }
+    assert_operator in_leaf.sum { |_, n| n }, :>, result[:samples] / 2, "most time is in spin_leaf"
+    in_leaf.each do |frames, _|
+      ruby, native = split(frames)
+      assert_equal "StrobeNativeTest.spin", ruby.last[:name]
+      assert_equal %w[spin spin_middle spin_leaf].map { |f| native_name(f) }, names(native)
+    end
+    leaf = result[:frames].values.find { |f| f[:name] == native_name("spin_leaf") }
+    assert_equal File.join(EXT_DIR, EXT_NAME), leaf[:file]
+    assert_equal leaf[:total_samples], leaf[:samples], "spin_leaf calls nothing"
+  end
+
+  # A C method that yields: its own C frames belong under it, not under the
+  # Ruby frames its block runs, whose own C frames go under them instead.
+  def test_c_code_calling_back_into_ruby_stays_with_its_own_ruby_frame
+    result = profile { StrobeNativeTest.call_back(SPIN) { StrobeNativeTest.spin(SPIN) } }
+    assert_woven(result)
+    all = stacks(result)
+    own = all.select { |frames, _| frames.last[:name] == native_name("own_work") }
+    spun = all.select { |frames, _| frames.last[:name] == native_name("spin_leaf") }
+    refute_empty own
+    refute_empty spun
+    own.each do |frames, _|
+      ruby, native = split(frames)
+      assert_equal "StrobeNativeTest.call_back", ruby.last[:name]
+      assert_equal %w[call_back yield_after_work own_work].map { |f| native_name(f) }, names(native)
+    end
+    spun.each do |frames, _|
+      ruby, native = split(frames)
+      assert_equal "StrobeNativeTest.spin", ruby.last[:name]
+      assert_includes names(ruby), "StrobeNativeTest.call_back"
+      assert_equal %w[spin spin_middle spin_leaf].map { |f| native_name(f) }, names(native)
+    end
+  end
+
+  def test_c_code_calling_a_ruby_method_with_rb_funcall
+    target = Object.new
+    def target.work = StrobeNativeTest.spin(SPIN)
+    result = profile { StrobeNativeTest.call_method(target, :work, SPIN) }
+    assert_woven(result)
+    all = stacks(result)
+    spun = all.select { |frames, _| frames.last[:name] == native_name("spin_leaf") }
+    refute_empty spun
+    spun.each do |frames, _|
+      ruby, native = split(frames)
+      assert_equal %w[StrobeNativeTest.call_method work StrobeNativeTest.spin],
+                   names(ruby).last(3).map { |n| n.sub(/\A#<Object:0x\h+>\./, "") }
+      assert_equal %w[spin spin_middle spin_leaf].map { |f| native_name(f) }, names(native)
+    end
+    own = all.select { |frames, _| frames.last[:name] == native_name("own_work") }
+    refute_empty own
+    own.each { |frames, _| assert_equal "StrobeNativeTest.call_method", split(frames)[0].last[:name] }
+  end
+
+  # The issue's acceptance case: a library the program did not compile.
+  def test_zlib_deflate_shows_libz_under_zlib_deflate
+    data = Random.new(1).bytes(1 << 20)
+    result = profile { Zlib.deflate(data) }
+    assert_woven(result)
+    under_deflate = stacks(result).select { |frames, _| split(frames)[0].last[:name] == "Zlib.deflate" }
+    libz = under_deflate.select { |frames, _| split(frames)[1].any? { |f| f[:name].start_with?("deflate (libz.so") } }
+    assert_operator libz.sum { |_, n| n }, :>, under_deflate.sum { |_, n| n } / 2,
+                    "most samples in Zlib.deflate are in libz's deflate"
+    deflate = result[:frames].values.find { |f| f[:name].start_with?("deflate (libz.so") }
+    assert_match(%r{/libz\.so}, deflate[:file])
+  end
+
+  # Threads running before profiling started walk their stacks with the
+  # slower unwinder until they are set up; both give the same frames.
+  def test_every_thread_gets_native_frames
+    stop = false
+    early = Thread.new { StrobeNativeTest.spin(SPIN) until stop }
+    sleep 0.05
+    late = nil
+    result = profile(seconds: 0.6, threads: :all) do
+      late ||= Thread.new { StrobeNativeTest.spin(SPIN) until stop }
+      StrobeNativeTest.spin(SPIN)
+    end
+    stop = true
+    [early, late].each(&:join)
+    assert_woven(result)
+    ids = [early, late, Thread.current].map { |t| result[:threads].find { |_, info| info[:name] == t.name }&.first }
+    by_thread = Hash.new(0)
+    stacks_with_threads(result).each do |frames, thread|
+      by_thread[thread] += 1 if frames.last[:name] == native_name("spin_leaf")
+    end
+    assert_equal 3, result[:threads].count { |id, _| by_thread[id].positive? },
+                 "spin_leaf in all three threads: #{by_thread.inspect} (#{ids.inspect})"
+  end
+
+  # [frames, thread id] per raw sample.
+  def stacks_with_threads(result)
+    threads = result[:raw_sample_threads]
+    stacks(result).flat_map { |frames, n| [frames] * n }.each_with_index.map { |frames, i| [frames, threads[i]] }
+  end
+
+  # What a Report method prints, as a String.
+  def printed(result, method, *args)
+    io = StringIO.new
+    Strobe::Report.new(result).public_send(method, io, *args)
+    io.string
+  end
+
+  def test_reports_and_exports_show_native_frames
+    result = profile { StrobeNativeTest.spin(SPIN) }
+    leaf = native_name("spin_leaf")
+
+    assert_includes printed(result, :print_text), leaf
+
+    method = printed(result, :print_method, leaf)
+    assert_includes method, "callers"
+    assert_includes method, native_name("spin_middle")
+    refute_includes method, "code:", "no source lines for a native frame"
+
+    folded = printed(result, :print_stackcollapse)
+    assert_match(/StrobeNativeTest\.spin;#{Regexp.escape(native_name('spin'))};.*#{Regexp.escape(leaf)} \d+/, folded)
+
+    doc = JSON.parse(printed(result, :print_firefox))
+    assert_firefox_invariants(doc)
+    native_cat = doc["meta"]["categories"].index { |c| c["name"] == "Native" }
+    refute_nil native_cat
+    thread = doc["threads"].find { |t| t["isMainThread"] } || doc["threads"].first
+    strings = thread["stringArray"]
+    funcs = thread["funcTable"]
+    leaf_func = funcs["name"].index { |s| strings[s] == leaf }
+    refute_nil leaf_func
+    frames = thread["frameTable"]
+    leaf_frames = frames["func"].each_index.select { |i| frames["func"][i] == leaf_func }
+    assert(leaf_frames.all? { |i| frames["category"][i] == native_cat })
+    refute funcs["isJS"][leaf_func]
+
+    pprof = ProtobufReader.profile(Zlib.gunzip(printed(result, :print_pprof)))
+    function = pprof[:functions].values.find { |f| f[:name] == leaf }
+    refute_nil function
+    assert_equal File.join(EXT_DIR, EXT_NAME), function[:file]
+
+    html = Strobe::Flamegraph.new(Strobe::Report.new(result)).data
+    index = html[:frames][:name].index(leaf)
+    assert_equal 1, html[:frames][:native][index]
+    assert_equal 0, html[:frames][:native][html[:frames][:name].index("StrobeNativeTest.spin")]
+  end
+
+  # A thread's report, a file written and read back, two files merged.
+  def test_native_frames_survive_a_file_a_merge_and_a_thread_subset
+    result = profile { StrobeNativeTest.spin(SPIN) }
+    leaf = ->(r) { r[:frames].values.find { |f| f[:name] == native_name("spin_leaf") } }
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "p.json")
+      Strobe::ProfileFile.write(result, path)
+      loaded = Strobe::ProfileFile.read(path)
+      assert_equal true, leaf.(loaded)[:native]
+      assert_equal leaf.(result)[:samples], leaf.(loaded)[:samples]
+      merged = Strobe::Merge.results([loaded, loaded])
+      assert_equal true, leaf.(merged)[:native]
+      assert_equal 2 * leaf.(result)[:samples], leaf.(merged)[:samples]
+      thread = result[:threads].keys.first
+      assert_equal true, leaf.(Strobe::Report.thread_result(loaded, thread))[:native]
+    end
+  end
+
+  def test_native_takes_cpu_mode_and_counts_incomplete_stacks
+    result = profile(mode: :cpu) { StrobeNativeTest.spin(SPIN) }
+    assert_woven(result)
+    assert_operator result[:frames].values.count { |f| f[:native] }, :>=, 3
+    assert_kind_of Integer, result[:native_incomplete_samples]
+    assert_operator result[:native_incomplete_samples], :<=, result[:samples]
+  end
+
+  def test_without_native_no_native_frames
+    result = Strobe.run(raw: true, interval: 250) { 20.times { StrobeNativeTest.spin(SPIN) } }
+    assert_nil result[:native]
+    assert(result[:frames].values.none? { |f| f[:native] })
+  end
+
+  def test_native_option_errors
+    error = assert_raises(ArgumentError) { Strobe.start(native: true, mode: :object) }
+    assert_match(/native: true needs mode :wall or :cpu/, error.message)
+    error = assert_raises(ArgumentError) { Strobe.start(native: true, mode: :custom) }
+    assert_match(/native/, error.message)
+    error = assert_raises(ArgumentError) { Strobe.start(native: true, scheduler: :thread) }
+    assert_match(/scheduler :thread/, error.message)
+    error = assert_raises(ArgumentError) { Strobe.start(native: true, mode: :trace) }
+    assert_match(/:native/, error.message)
+    error = assert_raises(ArgumentError) { Strobe.start(native: "yes") }
+    assert_match(/native must be true or false/, error.message)
+    refute Strobe.running?
+  end
+end
+
+# A build without libunwind (rake compile:nounwind, as on a machine that
+# lacks libunwind-dev) refuses native: true, saying why.
+class TestNativeUnavailable < Minitest::Test
+  NOUNWIND_LIB = File.expand_path("../tmp/nounwind/lib", __dir__)
+
+  def test_native_true_is_refused_without_libunwind
+    skip "rake compile:nounwind builds the extension without libunwind" unless File.directory?(NOUNWIND_LIB)
+    code = <<~RUBY
+      require "strobe"
+      p Strobe::Native::NATIVE_FRAMES
+      begin
+        Strobe.start(native: true)
+      rescue ArgumentError => e
+        puts e.message
+      end
+      p Strobe.running?
+      p Strobe.run(native: false) { 1 }.class
+    RUBY
+    out, err, status = run_command({ "LD_PRELOAD" => nil, "STROBE_LIB" => NOUNWIND_LIB }, RbConfig.ruby, "-I#{LIB}",
+                                   "-e", code)
+    assert status.success?, err
+    lines = out.lines(chomp: true)
+    assert_equal "false", lines[0]
+    assert_match(/native: true needs libunwind.*install libunwind-dev/, lines[1])
+    assert_equal %w[false Hash], lines[2, 2]
+  end
+end
