@@ -257,6 +257,39 @@ class TestNative < Minitest::Test
     end
   end
 
+  # A stripped object is named from its separate debug file (found by its
+  # .gnu_debuglink, as gdb finds it), and by offsets without one.
+  def test_names_of_a_stripped_object_from_its_debug_file
+    Dir.mktmpdir do |dir|
+      so = File.join(dir, EXT_NAME)
+      FileUtils.cp(File.join(EXT_DIR, EXT_NAME), so)
+      [%W[objcopy --only-keep-debug #{so} #{so}.debug], %W[strip --strip-all #{so}],
+       %W[objcopy --add-gnu-debuglink=#{so}.debug #{so}]].each do |command|
+        _, err, status = run_tool(*command)
+        assert status.success?, "#{command.join(' ')}: #{err}"
+      end
+      code = <<~RUBY
+        require "strobe"
+        require #{so.dump}
+        r = Strobe.run(native: true, raw: true, interval: 250, threads: [Thread.current]) do
+          t = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.3
+          StrobeNativeTest.spin(#{SPIN}) while Process.clock_gettime(Process::CLOCK_MONOTONIC) < t
+        end
+        puts r[:frames].values.select { |f| f[:native] && f[:file] == #{so.dump} }.map { |f| f[:name] }.sort
+      RUBY
+      out, err, status = run_ruby(code)
+      assert status.success?, err
+      assert_equal %w[spin spin_leaf spin_middle].map { |f| native_name(f) }, out.lines(chomp: true)
+
+      File.delete("#{so}.debug")
+      out, err, status = run_ruby(code)
+      assert status.success?, err
+      names = out.lines(chomp: true)
+      assert_equal 3, names.size, names.inspect
+      names.each { |name| assert_match(/\A#{Regexp.escape(EXT_NAME)}\+0x\h+\z/, name) }
+    end
+  end
+
   def test_native_takes_cpu_mode_and_counts_incomplete_stacks
     result = profile(mode: :cpu) { StrobeNativeTest.spin(SPIN) }
     assert_woven(result)

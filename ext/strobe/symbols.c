@@ -173,11 +173,40 @@ read_table(object_t *o, const image_t *img, const Elf64_Shdr *sh, int count, con
     return 0;
 }
 
+/* Where a stripped file's symbols may be: its build id and its
+ * .gnu_debuglink file name. */
+typedef struct {
+    char build_id[2 * 64 + 1];
+    char debuglink[256];
+} debug_refs_t;
+
+static void
+read_debug_refs(const image_t *img, const Elf64_Shdr *sh, int count, debug_refs_t *refs)
+{
+    if (!build_id(img, sh, count, refs->build_id)) refs->build_id[0] = '\0';
+    refs->debuglink[0] = '\0';
+    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img->data;
+    if (eh->e_shstrndx >= count || !section_in_file(img, &sh[eh->e_shstrndx])) return;
+    const Elf64_Shdr *names = &sh[eh->e_shstrndx];
+    for (int i = 0; i < count; i++) {
+        if (sh[i].sh_name >= names->sh_size || !section_in_file(img, &sh[i])) continue;
+        const char *name = (const char *)img->data + names->sh_offset + sh[i].sh_name;
+        size_t room = names->sh_size - sh[i].sh_name;
+        if (strnlen(name, room) == room || strcmp(name, ".gnu_debuglink") != 0) continue;
+        /* A file name (NUL-terminated, no directories), then a CRC. */
+        const char *link = (const char *)img->data + sh[i].sh_offset;
+        size_t len = strnlen(link, sh[i].sh_size);
+        if (len > 0 && len < sh[i].sh_size && len < sizeof(refs->debuglink) && !memchr(link, '/', len))
+            memcpy(refs->debuglink, link, len + 1);
+        return;
+    }
+}
+
 /* Reads the symbols of o's file from path: .symtab, else .dynsym (when
- * with_dynamic). 0 when a table was read. Without a .symtab, id_hex (if
- * not NULL) receives the build id, or "". */
+ * with_dynamic). 0 when a table was read. Without a .symtab, refs (if not
+ * NULL) receives where debug symbols may be. */
 static int
-read_file_symbols(object_t *o, const char *path, int with_dynamic, char *id_hex)
+read_file_symbols(object_t *o, const char *path, int with_dynamic, debug_refs_t *refs)
 {
     image_t img;
     if (map_file(path, &img) != 0) return -1;
@@ -186,7 +215,7 @@ read_file_symbols(object_t *o, const char *path, int with_dynamic, char *id_hex)
     if (sh) {
         const Elf64_Shdr *table = find_section(&img, sh, count, SHT_SYMTAB);
         if (table) r = read_table(o, &img, sh, count, table);
-        if (r != 0 && id_hex && !build_id(&img, sh, count, id_hex)) id_hex[0] = '\0';
+        if (r != 0 && refs) read_debug_refs(&img, sh, count, refs);
         if (r != 0 && with_dynamic && (table = find_section(&img, sh, count, SHT_DYNSYM)))
             r = read_table(o, &img, sh, count, table);
     }
@@ -207,18 +236,30 @@ read_vdso_symbols(object_t *o)
     return table ? read_table(o, &img, sh, count, table) : -1;
 }
 
+/* Symbols from the first of: the file's own .symtab; the debug file its
+ * build id names under /usr/lib/debug/.build-id; the file its
+ * .gnu_debuglink names, beside it, in .debug/ beside it, or under
+ * /usr/lib/debug (where gdb looks); the file's exported .dynsym. */
 static void
 read_symbols(object_t *o)
 {
     o->read = 1;
     if (read_vdso_symbols(o) == 0) return;
-    char id[2 * 64 + 1] = "";
-    /* Without a full table, a debug file named by the build id may have one. */
-    if (read_file_symbols(o, o->path, 0, id) == 0) return;
-    if (id[0]) {
-        char debug[sizeof(id) + 64];
-        snprintf(debug, sizeof(debug), "/usr/lib/debug/.build-id/%.2s/%s.debug", id, id + 2);
+    debug_refs_t refs = { "", "" };
+    if (read_file_symbols(o, o->path, 0, &refs) == 0) return;
+    char debug[4096 + 512];
+    if (refs.build_id[0]) {
+        snprintf(debug, sizeof(debug), "/usr/lib/debug/.build-id/%.2s/%s.debug", refs.build_id, refs.build_id + 2);
         if (read_file_symbols(o, debug, 0, NULL) == 0) return;
+    }
+    const char *slash = strrchr(o->path, '/');
+    if (refs.debuglink[0] && slash) {
+        int dir = (int)(slash - o->path);
+        static const char *const places[] = { "%.*s/%s", "%.*s/.debug/%s", "/usr/lib/debug%.*s/%s" };
+        for (size_t i = 0; i < sizeof(places) / sizeof(places[0]); i++) {
+            snprintf(debug, sizeof(debug), places[i], dir, o->path, refs.debuglink);
+            if (strcmp(debug, o->path) != 0 && read_file_symbols(o, debug, 0, NULL) == 0) return;
+        }
     }
     read_file_symbols(o, o->path, 1, NULL);
 }
