@@ -517,6 +517,10 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     } else {
         take_sample(t, Qfalse, ucontext);
         if (S.process_timer) trigger_drain();
+        /* Native frames on a thread not set up for libunwind's fast path:
+         * the postponed job sets it up on this thread, at its next safe
+         * point (sample_job). */
+        if (S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed)) trigger_sample_job();
     }
     if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
     if (S.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
