@@ -103,6 +103,37 @@ module StressScenarios
         save!
       RUBY
     end,
+    each_mode("native_frames") do |mode|
+      # native: true: libunwind walks in the handler while threads start
+      # and end (cold, then set up), fibers switch, GC compacts, C code
+      # runs without the GVL, children fork, and exceptions unwind.
+      { code: <<~RUBY }
+        require "zlib"
+        early = Thread.new { churn(0.8) }
+        Strobe.start(mode: :#{mode}, interval: 100, raw: true, native: true)
+        data = Random.new(1).bytes(1 << 16)
+        workers = 3.times.map { Thread.new { 20.times { Zlib.deflate(data); churn(0.005) } } }
+        fiber = Enumerator.new { |y| loop { y << Zlib.crc32(data); churn(0.002) } }
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.6
+        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          fiber.next
+          Thread.new { Zlib.deflate(data) }.join
+          begin
+            Integer("x")
+          rescue ArgumentError
+          end
+          GC.compact if rand < 0.05
+        end
+        pid = fork { churn(0.05); exit!(0) }
+        Process.wait(pid)
+        raise "child failed" unless $?.success?
+        (workers << early).each(&:join)
+        Strobe.stop
+        result = Strobe.results
+        raise "no native frames" if result[:frames].values.none? { |f| f[:native] }
+        Strobe::ProfileFile.write(result, OUT)
+      RUBY
+    end,
     "daemon" => { code: <<~RUBY },
       Strobe.start(mode: :wall, interval: 100, raw: true)
       churn(0.05)
