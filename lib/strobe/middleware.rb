@@ -13,7 +13,7 @@ module Strobe
   # Options:
   #   enabled:      true, false (the default), or a proc given the Rack env
   #                 that says whether to profile this request
-  #   mode:, interval:, raw:, metadata:, format:
+  #   mode:, interval:, raw:, native:, metadata:, format:
   #                 as for Strobe.start (mode :wall, interval 1000; format
   #                 :json, or an export such as :pprof, which keeps raw
   #                 samples)
@@ -41,7 +41,7 @@ module Strobe
   # (once per distinct problem). Bad options raise ArgumentError when the
   # middleware is built.
   class Middleware
-    OPTIONS = %i[enabled mode interval raw metadata format path save_every save_at_exit on_result permit].freeze
+    OPTIONS = %i[enabled mode interval raw native metadata format path save_every save_at_exit on_result permit].freeze
     DEFAULT_PATH = "tmp/strobe/"
     FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
 
@@ -54,7 +54,7 @@ module Strobe
       @permit = check_proc(:permit, options[:permit])
       @on_result = check_proc(:on_result, options[:on_result])
       @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: options[:raw],
-                   metadata: options.fetch(:metadata, {}), format: options[:format] }.compact
+                   native: options[:native], metadata: options.fetch(:metadata, {}), format: options[:format] }.compact
       checked = Options.new(@profile) # every problem with them, now rather than per request
       @format = checked.format
       @profile = @profile.except(:format).merge(raw: checked.raw)
