@@ -304,6 +304,46 @@ class TestNative < Minitest::Test
     assert(result[:frames].values.none? { |f| f[:native] })
   end
 
+  def test_strobe_run_native_and_autorun
+    Dir.mktmpdir do |dir|
+      out_path = File.join(dir, "p.json")
+      program = "require 'zlib'; d = Random.new(1).bytes(1 << 20); t = Time.now; Zlib.deflate(d) while Time.now - t < 0.3"
+      out, err, status = run_command({}, RbConfig.ruby, "-I#{LIB}", File.join(ROOT, "exe/strobe"), "run", "--native",
+                                     "--mode", "cpu", "--raw", "--out", out_path, "--", RbConfig.ruby, "-e", program)
+      assert status.success?, err
+      assert_match(/deflate \(libz\.so/, out, "the text report names libz's deflate")
+      result = Strobe.load(out_path)
+      assert_equal true, result[:native]
+      assert(result[:frames].values.any? { |f| f[:native] && f[:name].start_with?("deflate (libz.so") })
+
+      _, err, status = run_command({}, RbConfig.ruby, "-I#{LIB}", File.join(ROOT, "exe/strobe"), "run", "--native",
+                                   "--mode", "object", "--", RbConfig.ruby, "-e", "1")
+      refute status.success?
+      assert_equal 1, err.lines.size, err
+      assert_match(/native: true needs mode :wall or :cpu/, err)
+
+      _, err, status = run_command({ "RUBYOPT" => "-I#{LIB} -rstrobe/autorun", "STROBE_NATIVE" => "maybe",
+                                     "STROBE_OUT" => out_path }, RbConfig.ruby, "-e", "1")
+      assert status.success?, err
+      assert_match(/STROBE_NATIVE must be 1 or 0/, err)
+    end
+  end
+
+  def test_middleware_native
+    require "strobe/middleware"
+    data = Random.new(1).bytes(1 << 20)
+    results = Queue.new
+    app = ->(_env) { t = Time.now; Zlib.deflate(data) while Time.now - t < 0.3; [200, {}, ["ok"]] }
+    mw = Strobe::Middleware.new(app, enabled: true, native: true, raw: true, save_every: 1,
+                                     on_result: ->(r) { results << r })
+    assert_equal 200, mw.call({ "PATH_INFO" => "/", "QUERY_STRING" => "", "REQUEST_METHOD" => "GET" })[0]
+    result = results.pop
+    assert_equal true, result[:native]
+    assert(result[:frames].values.any? { |f| f[:native] && f[:name].start_with?("deflate (libz.so") })
+    error = assert_raises(ArgumentError) { Strobe::Middleware.new(app, native: true, mode: :custom) }
+    assert_match(/native: true needs mode/, error.message)
+  end
+
   def test_native_option_errors
     error = assert_raises(ArgumentError) { Strobe.start(native: true, mode: :object) }
     assert_match(/native: true needs mode :wall or :cpu/, error.message)

@@ -167,7 +167,9 @@ module Strobe
                              "(native stacks are taken in the signal handler), got mode #{@mode.inspect}" \
                              "#{", scheduler #{@scheduler.inspect}" if @scheduler != :signals}"
       end
-      unless Native::NATIVE_FRAMES
+      # (The command line checks options without loading the extension; the
+      # profiled program checks this part.)
+      if defined?(Native::NATIVE_FRAMES) && !Native::NATIVE_FRAMES
         raise ArgumentError, "native: true needs libunwind, and Strobe was built without it: " \
                              "install libunwind-dev (Debian, Ubuntu) or libunwind-devel, then reinstall strobe"
       end
