@@ -105,9 +105,20 @@ void
 strobe_native_warm(strobe_thread_t *t)
 {
     if (atomic_load_explicit(&t->native_warm, memory_order_relaxed)) return;
-    void *buf[4];
-    unw_backtrace(buf, 4);
+    /* The whole stack: its frames (the interpreter's, mostly) are then in
+     * libunwind's caches before the first handler needs them. */
+    void *buf[STROBE_NATIVE_CAPA];
+    unw_backtrace(buf, STROBE_NATIVE_CAPA);
     atomic_store_explicit(&t->native_warm, 1, memory_order_relaxed);
+}
+
+void
+strobe_native_preload(void)
+{
+    void *buf[STROBE_NATIVE_CAPA];
+    int n = unw_backtrace(buf, STROBE_NATIVE_CAPA);
+    strobe_symbol_t s;
+    for (int i = 0; i < n; i++) strobe_symbols_find((uintptr_t)buf[i] - 1, &s);
 }
 
 /* ---- weaving ------------------------------------------------------------------ */
@@ -255,6 +266,7 @@ int strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintpt
     return 0;
 }
 void strobe_native_warm(strobe_thread_t *t) { (void)t; }
+void strobe_native_preload(void) {}
 int strobe_native_weave(const uintptr_t *ips, int n, VALUE *out)
 {
     (void)ips; (void)n; (void)out;

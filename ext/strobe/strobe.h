@@ -238,6 +238,10 @@ int strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintpt
 /* On t's own thread, never in a signal handler: set up what lets its
  * handler use libunwind's fast path. */
 void strobe_native_warm(strobe_thread_t *t);
+/* GVL held, before sampling starts: read the symbol tables of the objects
+ * on the calling thread's stack (libruby, libc, ...), so that the first
+ * recording does not stall the timer thread reading them. */
+void strobe_native_preload(void);
 /* Under the profile lock: the native frames (STROBE_NATIVE_VALUEs,
  * innermost first) of a captured native stack that go under its innermost
  * Ruby frame, into out (STROBE_NATIVE_CAPA); how many, or -1 when the
