@@ -249,7 +249,11 @@ class TestNative < Minitest::Test
       loaded = Strobe::ProfileFile.read(path)
       assert_equal true, leaf.(loaded)[:native]
       assert_equal leaf.(result)[:samples], leaf.(loaded)[:samples]
-      merged = Strobe::Merge.results([loaded, loaded])
+      assert_equal true, loaded[:native]
+      assert_equal result[:native_incomplete_samples], loaded[:native_incomplete_samples]
+      merged = Strobe::Merge.results([loaded, loaded.merge(native_incomplete_samples: 2)])
+      assert_equal true, merged[:native]
+      assert_equal result[:native_incomplete_samples] + 2, merged[:native_incomplete_samples]
       assert_equal true, leaf.(merged)[:native]
       assert_equal 2 * leaf.(result)[:samples], leaf.(merged)[:samples]
       thread = result[:threads].keys.first

@@ -26,6 +26,7 @@ module Strobe
       merged = list.first.reject { |key, _| RAW_KEYS.include?(key) || key == :frames || key == :threads }
       COUNTS.each { |key| merged[key] = list.sum { |r| ProfileFile.count(r[key], key.to_s) } }
       merged[:metadata] = list.map { |r| r[:metadata].is_a?(Hash) ? r[:metadata] : {} }.reduce({}, :merge)
+      merge_native(list, merged)
       ids = {}
       merged[:frames] = {}
       maps = list.map { |r| merge_frames(r[:frames] || {}, merged[:frames], ids) }
@@ -34,6 +35,15 @@ module Strobe
       merge_span(list, merged)
       merge_raw(list, maps, merged) if list.all? { |r| r[:raw].is_a?(Array) }
       merged
+    end
+
+    # Native frames in any: the merge has them, and every incomplete stack.
+    def merge_native(list, merged)
+      return unless list.any? { |r| r[:native] == true }
+
+      merged[:native] = true
+      merged[:native_incomplete_samples] =
+        list.sum { |r| ProfileFile.count(r[:native_incomplete_samples] || 0, "native_incomplete_samples") }
     end
 
     def check_compatible(list, names)

@@ -277,7 +277,10 @@ module Strobe
         metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
       }
       header[:truncated_samples] = count(doc[:truncated_samples], "#{name}: truncated_samples") if doc.key?(:truncated_samples)
-      %i[started_at duration pid calls].each { |key| header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key) }
+      %i[started_at duration pid calls native_incomplete_samples].each do |key|
+        header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key)
+      end
+      header[:native] = true if doc[:native] == true
       header[:clock] = doc[:clock].to_sym if %w[wall cpu].include?(doc[:clock])
       header
     end
