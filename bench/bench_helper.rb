@@ -76,6 +76,25 @@ module Bench
     end
   end
 
+  # {job => the block's value for it}, computed by `workers` threads (the
+  # block runs a child process: valgrind, say), a dot on stderr per job.
+  def in_parallel(jobs, workers)
+    results = {}
+    queue = Queue.new
+    jobs.each { |job| queue << job }
+    queue.close
+    Array.new(workers) do
+      Thread.new do
+        while (job = queue.pop)
+          results[job] = yield(job)
+          $stderr.print "."
+        end
+      end
+    end.each(&:join)
+    $stderr.puts
+    results
+  end
+
   def header(title, io: $stdout)
     io.puts
     io.puts title

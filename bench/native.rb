@@ -118,21 +118,9 @@ module NativeBench
 
     Bench.header("Instructions per sample under callgrind, with and without native frames " \
                  "(:wall, #{N} and #{2 * N} signals, #{DEPTH} Ruby frames deep)")
-    runs = {}
-    Dir.mktmpdir("strobe-native") do |dir|
-      queue = Queue.new
-      TARGETS.product([N, 2 * N]).each { |job| queue << job }
-      queue.close
-      Array.new(JOBS) do
-        Thread.new do
-          while (job = queue.pop)
-            runs[job] = callgrind(dir, *job)
-            $stderr.print "."
-          end
-        end
-      end.each(&:join)
+    runs = Dir.mktmpdir("strobe-native") do |dir|
+      Bench.in_parallel(TARGETS.product([N, 2 * N]), JOBS) { |job| callgrind(dir, *job) }
     end
-    $stderr.puts
     cost = TARGETS.to_h do |t|
       [t, (runs[[t, 2 * N]][0] - runs[[t, N]][0]).fdiv(runs[[t, 2 * N]][1] - runs[[t, N]][1])]
     end

@@ -229,22 +229,10 @@ module SampleCost
       pad = pad_for(depth, variant)
       CALLS.keys.map { |target| [depth, variant, pad, target] }
     end
-    ir = {}
-    Dir.mktmpdir("strobe-callgrind") do |dir|
-      queue = Queue.new
-      jobs.each { |job| queue << job }
-      queue.close
-      Array.new(JOBS) do
-        Thread.new do
-          while (job = queue.pop)
-            depth, variant, pad, target = job
-            ir[[depth, variant, target]] = callgrind_ir(dir, target, variant, pad, n)
-            $stderr.print "."
-          end
-        end
-      end.each(&:join)
+    ir = Dir.mktmpdir("strobe-callgrind") do |dir|
+      Bench.in_parallel(jobs, JOBS) { |_, variant, pad, target| callgrind_ir(dir, target, variant, pad, n) }
+           .transform_keys { |depth, variant, _, target| [depth, variant, target] }
     end
-    $stderr.puts
     rows = DEPTHS.product(VARIANTS).map do |depth, variant|
       base = ir[[depth, variant, :empty]]
       ours, theirs = %i[strobe stackprof].map { |t| (ir[[depth, variant, t]] - base).fdiv(n) }
