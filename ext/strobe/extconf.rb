@@ -40,7 +40,10 @@ have_func("rb_class_attached_object", "ruby.h")
 # with an error saying so. STROBE_WITHOUT_LIBUNWIND=1 builds without it
 # even where it is installed (to test that refusal).
 # UNW_LOCAL_ONLY selects the local unwinder's entry points (libunwind.so).
-if ENV["STROBE_WITHOUT_LIBUNWIND"] != "1" && RUBY_PLATFORM.match?(/x86_64-linux|aarch64-linux/)
+# x86-64 Linux only: there libunwind walks with .eh_frame tables in memory;
+# on aarch64 it may also open and decompress .debug_frame files during a
+# walk, which a signal handler must not do.
+if ENV["STROBE_WITHOUT_LIBUNWIND"] != "1" && RUBY_PLATFORM.match?(/x86_64-linux/)
   saved = $CPPFLAGS.dup
   $CPPFLAGS << " -DUNW_LOCAL_ONLY"
   found = have_header("libunwind.h") && have_library("unwind", "unw_backtrace", "libunwind.h") &&

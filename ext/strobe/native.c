@@ -48,6 +48,7 @@
 #include <libunwind.h>
 #include <ucontext.h>
 #include <dlfcn.h>
+#include <sched.h>
 
 int
 strobe_native_available(void)
@@ -60,10 +61,8 @@ static uintptr_t
 interrupted_pc(const void *ucontext)
 {
     const ucontext_t *uc = ucontext;
-#if defined(__x86_64__)
+#if defined(__x86_64__) /* the only platform extconf.rb enables */
     return (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
-#elif defined(__aarch64__)
-    return (uintptr_t)uc->uc_mcontext.pc;
 #else
     (void)uc;
     return 0;
@@ -74,8 +73,15 @@ interrupted_pc(const void *ucontext)
  * signal trampoline) that unw_backtrace sees before the interrupted one. */
 #define HANDLER_FRAMES 16
 
-int
-strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t *out)
+/* fork() copies libunwind's global mutex as it is: held, if a handler on
+ * another thread is inside libunwind at that instant, and the child's
+ * first walk would then wait forever with every signal blocked. So fork
+ * waits for the walks under way and lets no new one start until it is
+ * done (strobe_native_fork_prepare/_done, from sampler.c's fork handlers). */
+static atomic_int walks_blocked, walks_running;
+
+static int
+walk(const strobe_thread_t *t, const void *ucontext, uintptr_t *out)
 {
     uintptr_t pc = interrupted_pc(ucontext);
     if (!pc) return 0;
@@ -88,7 +94,7 @@ strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t 
             for (int i = 0; i < depth; i++) out[i] = (uintptr_t)buf[k + i];
             return depth;
         }
-        return 0; /* the walk did not get past the signal frame */
+        /* The fast walk did not get past the signal frame: walk from it. */
     }
     unw_cursor_t cursor;
     if (unw_init_local2(&cursor, (unw_context_t *)(uintptr_t)ucontext, UNW_INIT_SIGNAL_FRAME) < 0) return 0;
@@ -99,6 +105,32 @@ strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t 
         out[depth++] = (uintptr_t)ip;
     } while (depth < STROBE_NATIVE_CAPA && unw_step(&cursor) > 0);
     return depth;
+}
+
+int
+strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t *out)
+{
+    /* Sequentially consistent: a fork sees this walk, or the walk sees the fork. */
+    atomic_fetch_add(&walks_running, 1);
+    int depth = atomic_load(&walks_blocked) ? 0 : walk(t, ucontext, out);
+    atomic_fetch_sub(&walks_running, 1);
+    return depth;
+}
+
+void
+strobe_native_fork_prepare(void)
+{
+    atomic_store(&walks_blocked, 1);
+    while (atomic_load(&walks_running)) sched_yield();
+}
+
+void
+strobe_native_fork_done(int in_child)
+{
+    /* A handler that was turned away may have been counted when the child
+     * was copied; only the forking thread lives on there. */
+    if (in_child) atomic_store(&walks_running, 0);
+    atomic_store(&walks_blocked, 0);
 }
 
 void
@@ -131,7 +163,7 @@ enum {
 };
 
 typedef struct {
-    uintptr_t ip;            /* 0: empty */
+    uintptr_t ip;            /* the address looked up; 0: empty */
     uintptr_t start;         /* its function */
     uint8_t cls;
 } ip_entry_t;
@@ -157,7 +189,8 @@ static const char *const boundary_prefixes[] = {
 };
 /* libruby helpers that call a C function of their caller's. */
 static const char *const glue_prefixes[] = {
-    "rb_ensure", "rb_protect", "rb_rescue", "rb_vrescue", "rb_nogvl", "rb_thread_call_with", "rb_exec_recursive",
+    "rb_ensure", "rb_protect", "rb_rescue", "rb_vrescue", "rb_nogvl", "rb_thread_call_without_gvl",
+    "rb_thread_call_with_gvl", "rb_exec_recursive",
     "rb_mutex_synchronize", "rb_thread_io_blocking_region", "rb_str_locktmp_ensure", "rb_uninterruptible", "rb_catch",
     NULL
 };
@@ -182,6 +215,10 @@ classify(const strobe_symbol_t *s)
     return NF_KEEP;
 }
 
+/* Cached by the address looked up (see resolve), not the raw one: a
+ * return address can equal the next function's first instruction (after a
+ * call that never returns), where an interrupted instruction would belong
+ * to that next function. */
 static inline size_t
 ip_slot(uintptr_t ip, size_t capa)
 {
@@ -212,11 +249,11 @@ static const ip_entry_t *
 resolve(uintptr_t ip, int exact)
 {
     if ((cache_len + 1) * 2 > cache_capa) cache_grow();
-    size_t k = ip_slot(ip, cache_capa);
-    for (; cache[k].ip; k = (k + 1) & (cache_capa - 1))
-        if (cache[k].ip == ip) return &cache[k];
-
     uintptr_t at = exact ? ip : ip - 1;
+    size_t k = ip_slot(at, cache_capa);
+    for (; cache[k].ip; k = (k + 1) & (cache_capa - 1))
+        if (cache[k].ip == at) return &cache[k];
+
     strobe_symbol_t s;
     strobe_symbols_find(at, &s);
     uintptr_t start = s.start;
@@ -227,7 +264,7 @@ resolve(uintptr_t ip, int exact)
         else
             start = at;
     }
-    cache[k] = (ip_entry_t){ ip, start, classify(&s) };
+    cache[k] = (ip_entry_t){ at, start, classify(&s) };
     cache_len++;
     return &cache[k];
 }
@@ -267,6 +304,8 @@ int strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintpt
 }
 void strobe_native_warm(strobe_thread_t *t) { (void)t; }
 void strobe_native_preload(void) {}
+void strobe_native_fork_prepare(void) {}
+void strobe_native_fork_done(int in_child) { (void)in_child; }
 int strobe_native_weave(const uintptr_t *ips, int n, VALUE *out)
 {
     (void)ips; (void)n; (void)out;

@@ -1009,21 +1009,23 @@ static void
 atfork_prepare(void)
 {
     gvl_hook_remove(); /* see gvl_hook_resume_after_fork */
+    strobe_native_fork_prepare();
     strobe_threads_lock();
     strobe_profile_lock();
 }
 
 static void
-unlock_after_fork(void)
+unlock_after_fork(int in_child)
 {
     strobe_profile_unlock();
     strobe_threads_unlock();
+    strobe_native_fork_done(in_child);
 }
 
 static void
 atfork_parent(void)
 {
-    unlock_after_fork();
+    unlock_after_fork(0);
     gvl_hook_resume_after_fork(0);
 }
 
@@ -1034,7 +1036,7 @@ atfork_parent(void)
 static void
 atfork_child(void)
 {
-    unlock_after_fork(); /* this thread took both locks; it is the one left */
+    unlock_after_fork(1); /* this thread took both locks; it is the one left */
     gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
     atomic_store(&S.running, 0);

@@ -242,6 +242,11 @@ void strobe_native_warm(strobe_thread_t *t);
  * on the calling thread's stack (libruby, libc, ...), so that the first
  * recording does not stall the timer thread reading them. */
 void strobe_native_preload(void);
+/* fork handlers: wait for the handlers' native walks under way and hold
+ * new ones off / let them go again (libunwind's lock must not be copied
+ * held into the child). */
+void strobe_native_fork_prepare(void);
+void strobe_native_fork_done(int in_child);
 /* Under the profile lock: the native frames (STROBE_NATIVE_VALUEs,
  * innermost first) of a captured native stack that go under its innermost
  * Ruby frame, into out (STROBE_NATIVE_CAPA); how many, or -1 when the

@@ -11,8 +11,12 @@
  * exported functions only, what dladdr knows). Static functions of a
  * stripped object stay unnamed; native.c then names them by offset.
  *
- * Tables are kept for the life of the process (objects are only added:
- * Ruby never unloads an extension), so names handed out stay valid.
+ * Files are read with pread into buffers (never mapped: a file cut short
+ * while it is read must not raise SIGBUS), every offset and size checked
+ * against the file's. Only function symbols are kept, their names copied
+ * into a pool of their own. Tables are kept for the life of the process
+ * (objects are only added: Ruby never unloads an extension), so names handed
+ * out stay valid.
  *
  * Thread safety: one mutex around everything; callers are the ring drain
  * (under the profile lock, possibly on the timer thread) and results (GVL
@@ -27,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/auxv.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,78 +57,139 @@ static int objects_len, objects_capa;
 
 /* ---- reading an ELF file ---------------------------------------------------- */
 
+/* An ELF file read with pread (a file cut short while it is read gives a
+ * short read, not a SIGBUS as a mapping would), or the vDSO's image in
+ * memory. Sections are copied into malloc'd buffers, so every structure is
+ * read aligned. */
 typedef struct {
-    const unsigned char *data;
+    int fd;                  /* -1 for an image in memory */
+    const unsigned char *mem;
     size_t size;
-} image_t;
+    Elf64_Shdr *sh;          /* section headers (malloc) */
+    int count;
+} elf_t;
 
 static int
-map_file(const char *path, image_t *img)
+elf_read(const elf_t *e, void *buf, size_t len, uint64_t offset)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    struct stat st;
-    void *p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= (off_t)sizeof(Elf64_Ehdr))
-        p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return -1;
-    img->data = p;
-    img->size = (size_t)st.st_size;
+    if (offset > e->size || len > e->size - offset) return -1;
+    if (e->fd < 0) {
+        memcpy(buf, e->mem + offset, len);
+        return 0;
+    }
+    for (size_t done = 0; done < len;) {
+        ssize_t n = pread(e->fd, (char *)buf + done, len - done, (off_t)(offset + done));
+        if (n <= 0) return -1;
+        done += (size_t)n;
+    }
     return 0;
 }
 
-/* The section headers of a 64-bit ELF image, or NULL when it is not one
- * (or they lie outside the file). */
-static const Elf64_Shdr *
-section_headers(const image_t *img, int *count)
+static void
+elf_close(elf_t *e)
 {
-    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img->data;
-    if (memcmp(eh->e_ident, ELFMAG, SELFMAG) != 0 || eh->e_ident[EI_CLASS] != ELFCLASS64) return NULL;
-    if (eh->e_shentsize != sizeof(Elf64_Shdr) || eh->e_shnum == 0) return NULL;
-    if (eh->e_shoff > img->size || (img->size - eh->e_shoff) / sizeof(Elf64_Shdr) < eh->e_shnum) return NULL;
-    *count = eh->e_shnum;
-    return (const Elf64_Shdr *)(img->data + eh->e_shoff);
+    if (e->fd >= 0) close(e->fd);
+    free(e->sh);
+    e->fd = -1;
+    e->sh = NULL;
+}
+
+/* Reads the header and section headers of a 64-bit ELF file. */
+static int
+elf_load(elf_t *e)
+{
+    Elf64_Ehdr eh;
+    if (elf_read(e, &eh, sizeof(eh), 0) != 0) return -1;
+    if (memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64 ||
+        eh.e_shentsize != sizeof(Elf64_Shdr) || eh.e_shnum == 0)
+        return -1;
+    e->sh = malloc((size_t)eh.e_shnum * sizeof(Elf64_Shdr));
+    if (!e->sh || elf_read(e, e->sh, (size_t)eh.e_shnum * sizeof(Elf64_Shdr), eh.e_shoff) != 0) return -1;
+    e->count = eh.e_shnum;
+    return 0;
 }
 
 static int
-section_in_file(const image_t *img, const Elf64_Shdr *sh)
+elf_open(const char *path, elf_t *e)
 {
-    return sh->sh_type != SHT_NOBITS && sh->sh_offset <= img->size && sh->sh_size <= img->size - sh->sh_offset;
+    memset(e, 0, sizeof(*e));
+    e->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (e->fd < 0) return -1;
+    struct stat st;
+    if (fstat(e->fd, &st) != 0 || !S_ISREG(st.st_mode) || elf_load((e->size = (size_t)st.st_size, e)) != 0) {
+        elf_close(e);
+        return -1;
+    }
+    return 0;
 }
 
-/* The section of the given type (the first), or NULL. */
-static const Elf64_Shdr *
-find_section(const image_t *img, const Elf64_Shdr *sh, int count, uint32_t type)
+/* A copy of section s's contents (malloc, one NUL byte past its end), or
+ * NULL. */
+static char *
+elf_section(const elf_t *e, const Elf64_Shdr *s)
 {
-    for (int i = 0; i < count; i++)
-        if (sh[i].sh_type == type && section_in_file(img, &sh[i])) return &sh[i];
+    if (s->sh_type == SHT_NOBITS || s->sh_offset > e->size || s->sh_size > e->size - s->sh_offset) return NULL;
+    char *buf = malloc((size_t)s->sh_size + 1);
+    if (!buf) return NULL;
+    if (elf_read(e, buf, (size_t)s->sh_size, s->sh_offset) != 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[s->sh_size] = '\0';
+    return buf;
+}
+
+/* The first section of the given type, or NULL. */
+static const Elf64_Shdr *
+find_section(const elf_t *e, uint32_t type)
+{
+    for (int i = 0; i < e->count; i++)
+        if (e->sh[i].sh_type == type) return &e->sh[i];
     return NULL;
 }
 
-/* The GNU build id as lowercase hex into hex (at least 2 * 64 + 1 bytes);
- * 0 when the image has none. */
-static int
-build_id(const image_t *img, const Elf64_Shdr *sh, int count, char *hex)
+/* The section named name, or NULL. */
+static const Elf64_Shdr *
+named_section(const elf_t *e, const char *name, int names_index)
 {
-    for (int i = 0; i < count; i++) {
-        if (sh[i].sh_type != SHT_NOTE || !section_in_file(img, &sh[i])) continue;
-        const unsigned char *p = img->data + sh[i].sh_offset, *end = p + sh[i].sh_size;
-        while ((size_t)(end - p) >= sizeof(Elf64_Nhdr)) {
-            const Elf64_Nhdr *n = (const Elf64_Nhdr *)p;
-            size_t name_len = (n->n_namesz + 3) & ~(size_t)3, desc_len = (n->n_descsz + 3) & ~(size_t)3;
-            p += sizeof(Elf64_Nhdr);
-            if ((size_t)(end - p) < name_len || (size_t)(end - p - name_len) < desc_len) break;
-            if (n->n_type == NT_GNU_BUILD_ID && n->n_namesz == 4 && !memcmp(p, "GNU", 4) &&
-                n->n_descsz >= 2 && n->n_descsz <= 64) {
-                const unsigned char *id = p + name_len;
-                for (uint32_t k = 0; k < n->n_descsz; k++) sprintf(hex + 2 * k, "%02x", id[k]);
-                return 1;
+    if (names_index <= 0 || names_index >= e->count) return NULL;
+    char *names = elf_section(e, &e->sh[names_index]);
+    if (!names) return NULL;
+    const Elf64_Shdr *found = NULL;
+    for (int i = 0; i < e->count && !found; i++)
+        if (e->sh[i].sh_name < e->sh[names_index].sh_size && !strcmp(names + e->sh[i].sh_name, name))
+            found = &e->sh[i];
+    free(names);
+    return found;
+}
+
+/* The GNU build id as lowercase hex into hex (2 * 64 + 1 bytes), or "". */
+static void
+build_id(const elf_t *e, char *hex)
+{
+    hex[0] = '\0';
+    for (int i = 0; i < e->count; i++) {
+        if (e->sh[i].sh_type != SHT_NOTE) continue;
+        char *notes = elf_section(e, &e->sh[i]);
+        if (!notes) continue;
+        size_t at = 0, size = (size_t)e->sh[i].sh_size;
+        while (size - at >= sizeof(Elf64_Nhdr)) {
+            Elf64_Nhdr n;
+            memcpy(&n, notes + at, sizeof(n));
+            size_t name_len = ((size_t)n.n_namesz + 3) & ~(size_t)3, desc_len = ((size_t)n.n_descsz + 3) & ~(size_t)3;
+            at += sizeof(n);
+            if (size - at < name_len || size - at - name_len < desc_len) break;
+            if (n.n_type == NT_GNU_BUILD_ID && n.n_namesz == 4 && !memcmp(notes + at, "GNU", 4) && n.n_descsz >= 2 &&
+                n.n_descsz <= 64) {
+                const unsigned char *id = (const unsigned char *)notes + at + name_len;
+                for (uint32_t k = 0; k < n.n_descsz; k++) sprintf(hex + 2 * k, "%02x", id[k]);
+                free(notes);
+                return;
             }
-            p += name_len + desc_len;
+            at += name_len + desc_len;
         }
+        free(notes);
     }
-    return 0;
 }
 
 static int
@@ -136,41 +200,57 @@ by_addr(const void *a, const void *b)
     return x->size < y->size ? -1 : x->size > y->size;
 }
 
-/* Reads the function symbols of table (a SHT_SYMTAB or SHT_DYNSYM section)
- * into o. 0 on success. */
 static int
-read_table(object_t *o, const image_t *img, const Elf64_Shdr *sh, int count, const Elf64_Shdr *table)
+is_function(const Elf64_Sym *s, uint64_t names_size)
 {
-    if (table->sh_entsize != sizeof(Elf64_Sym) || table->sh_link >= (uint32_t)count) return -1;
-    const Elf64_Shdr *strs = &sh[table->sh_link];
-    if (!section_in_file(img, strs) || strs->sh_size == 0) return -1;
-    const Elf64_Sym *syms = (const Elf64_Sym *)(img->data + table->sh_offset);
-    size_t n = table->sh_size / sizeof(Elf64_Sym);
-    const char *names = (const char *)(img->data + strs->sh_offset);
+    return ELF64_ST_TYPE(s->st_info) == STT_FUNC && s->st_shndx != SHN_UNDEF && s->st_value && s->st_size &&
+           s->st_name < names_size;
+}
 
-    size_t kept = 0;
-    for (size_t i = 0; i < n; i++)
-        if (ELF64_ST_TYPE(syms[i].st_info) == STT_FUNC && syms[i].st_shndx != SHN_UNDEF &&
-            syms[i].st_value && syms[i].st_size && syms[i].st_name < strs->sh_size)
+/* Reads the function symbols of table (a SHT_SYMTAB or SHT_DYNSYM section)
+ * into o, their names into a pool of their own. 0 on success. */
+static int
+read_table(object_t *o, const elf_t *e, const Elf64_Shdr *table)
+{
+    if (table->sh_entsize != sizeof(Elf64_Sym) || table->sh_link == 0 || table->sh_link >= (uint32_t)e->count)
+        return -1;
+    const Elf64_Shdr *strs = &e->sh[table->sh_link];
+    Elf64_Sym *syms = (Elf64_Sym *)elf_section(e, table);
+    char *names = elf_section(e, strs);
+    sym_t *out = NULL;
+    char *pool = NULL;
+    int r = -1;
+    size_t n = syms ? (size_t)table->sh_size / sizeof(Elf64_Sym) : 0, kept = 0, pool_size = 0;
+    if (names) {
+        for (size_t i = 0; i < n; i++) {
+            if (!is_function(&syms[i], strs->sh_size)) continue;
             kept++;
-    if (kept == 0 || kept > UINT32_MAX) return -1;
-    sym_t *out = malloc(kept * sizeof(sym_t));
-    char *copy = malloc(strs->sh_size + 1);
-    if (!out || !copy) { free(out); free(copy); return -1; }
-    memcpy(copy, names, strs->sh_size);
-    copy[strs->sh_size] = '\0'; /* a last name left unterminated ends here */
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        const Elf64_Sym *s = &syms[i];
-        if (ELF64_ST_TYPE(s->st_info) == STT_FUNC && s->st_shndx != SHN_UNDEF && s->st_value && s->st_size &&
-            s->st_name < strs->sh_size)
-            out[k++] = (sym_t){ o->base + (uintptr_t)s->st_value, (uintptr_t)s->st_size, s->st_name };
+            pool_size += strlen(names + syms[i].st_name) + 1; /* the copy ends in a NUL */
+        }
     }
-    qsort(out, kept, sizeof(sym_t), by_addr);
-    o->syms = out;
-    o->nsyms = (uint32_t)kept;
-    o->names = copy;
-    return 0;
+    if (kept > 0 && kept <= UINT32_MAX && pool_size <= UINT32_MAX && (out = malloc(kept * sizeof(sym_t))) &&
+        (pool = malloc(pool_size))) {
+        size_t k = 0, at = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!is_function(&syms[i], strs->sh_size)) continue;
+            size_t len = strlen(names + syms[i].st_name) + 1;
+            memcpy(pool + at, names + syms[i].st_name, len);
+            out[k++] = (sym_t){ o->base + (uintptr_t)syms[i].st_value, (uintptr_t)syms[i].st_size, (uint32_t)at };
+            at += len;
+        }
+        qsort(out, kept, sizeof(sym_t), by_addr);
+        o->syms = out;
+        o->nsyms = (uint32_t)kept;
+        o->names = pool;
+        out = NULL;
+        pool = NULL;
+        r = 0;
+    }
+    free(out);
+    free(pool);
+    free(syms);
+    free(names);
+    return r;
 }
 
 /* Where a stripped file's symbols may be: its build id and its
@@ -181,45 +261,41 @@ typedef struct {
 } debug_refs_t;
 
 static void
-read_debug_refs(const image_t *img, const Elf64_Shdr *sh, int count, debug_refs_t *refs)
+read_debug_refs(const elf_t *e, debug_refs_t *refs)
 {
-    if (!build_id(img, sh, count, refs->build_id)) refs->build_id[0] = '\0';
+    build_id(e, refs->build_id);
     refs->debuglink[0] = '\0';
-    const Elf64_Ehdr *eh = (const Elf64_Ehdr *)img->data;
-    if (eh->e_shstrndx >= count || !section_in_file(img, &sh[eh->e_shstrndx])) return;
-    const Elf64_Shdr *names = &sh[eh->e_shstrndx];
-    for (int i = 0; i < count; i++) {
-        if (sh[i].sh_name >= names->sh_size || !section_in_file(img, &sh[i])) continue;
-        const char *name = (const char *)img->data + names->sh_offset + sh[i].sh_name;
-        size_t room = names->sh_size - sh[i].sh_name;
-        if (strnlen(name, room) == room || strcmp(name, ".gnu_debuglink") != 0) continue;
-        /* A file name (NUL-terminated, no directories), then a CRC. */
-        const char *link = (const char *)img->data + sh[i].sh_offset;
-        size_t len = strnlen(link, sh[i].sh_size);
-        if (len > 0 && len < sh[i].sh_size && len < sizeof(refs->debuglink) && !memchr(link, '/', len))
-            memcpy(refs->debuglink, link, len + 1);
-        return;
-    }
+    Elf64_Ehdr eh;
+    if (elf_read(e, &eh, sizeof(eh), 0) != 0) return;
+    const Elf64_Shdr *link = named_section(e, ".gnu_debuglink", eh.e_shstrndx);
+    char *content = link ? elf_section(e, link) : NULL;
+    if (!content) return;
+    /* A file name (NUL-terminated, no directories), then a CRC. */
+    size_t len = strnlen(content, (size_t)link->sh_size);
+    if (len > 0 && len < link->sh_size && len < sizeof(refs->debuglink) && !memchr(content, '/', len))
+        memcpy(refs->debuglink, content, len + 1);
+    free(content);
 }
 
-/* Reads the symbols of o's file from path: .symtab, else .dynsym (when
- * with_dynamic). 0 when a table was read. Without a .symtab, refs (if not
- * NULL) receives where debug symbols may be. */
+/* Reads the symbols of the file at path: its .symtab, else its .dynsym when
+ * with_dynamic. 0 when a table was read. Without a .symtab, refs (if not
+ * NULL) receives where debug symbols may be. With expect_id, a file whose
+ * build id is another (a debug file left from an older build) is not used. */
 static int
-read_file_symbols(object_t *o, const char *path, int with_dynamic, debug_refs_t *refs)
+read_file_symbols(object_t *o, const char *path, int with_dynamic, debug_refs_t *refs, const char *expect_id)
 {
-    image_t img;
-    if (map_file(path, &img) != 0) return -1;
-    int count = 0, r = -1;
-    const Elf64_Shdr *sh = section_headers(&img, &count);
-    if (sh) {
-        const Elf64_Shdr *table = find_section(&img, sh, count, SHT_SYMTAB);
-        if (table) r = read_table(o, &img, sh, count, table);
-        if (r != 0 && refs) read_debug_refs(&img, sh, count, refs);
-        if (r != 0 && with_dynamic && (table = find_section(&img, sh, count, SHT_DYNSYM)))
-            r = read_table(o, &img, sh, count, table);
+    elf_t e;
+    if (elf_open(path, &e) != 0) return -1;
+    int r = -1;
+    char id[2 * 64 + 1];
+    if (expect_id && expect_id[0]) build_id(&e, id);
+    if (!(expect_id && expect_id[0] && id[0] && strcmp(id, expect_id) != 0)) {
+        const Elf64_Shdr *table = find_section(&e, SHT_SYMTAB);
+        if (table) r = read_table(o, &e, table);
+        if (r != 0 && refs) read_debug_refs(&e, refs);
+        if (r != 0 && with_dynamic && (table = find_section(&e, SHT_DYNSYM))) r = read_table(o, &e, table);
     }
-    munmap((void *)img.data, img.size);
+    elf_close(&e);
     return r;
 }
 
@@ -229,28 +305,30 @@ read_vdso_symbols(object_t *o)
 {
     uintptr_t at = (uintptr_t)getauxval(AT_SYSINFO_EHDR);
     if (!at || at != o->lo) return -1;
-    image_t img = { (const unsigned char *)at, o->hi - o->lo };
-    int count = 0;
-    const Elf64_Shdr *sh = section_headers(&img, &count);
-    const Elf64_Shdr *table = sh ? find_section(&img, sh, count, SHT_DYNSYM) : NULL;
-    return table ? read_table(o, &img, sh, count, table) : -1;
+    elf_t e = { -1, (const unsigned char *)at, o->hi - o->lo, NULL, 0 };
+    int r = -1;
+    const Elf64_Shdr *table;
+    if (elf_load(&e) == 0 && (table = find_section(&e, SHT_DYNSYM))) r = read_table(o, &e, table);
+    elf_close(&e);
+    return r;
 }
 
 /* Symbols from the first of: the file's own .symtab; the debug file its
  * build id names under /usr/lib/debug/.build-id; the file its
  * .gnu_debuglink names, beside it, in .debug/ beside it, or under
- * /usr/lib/debug (where gdb looks); the file's exported .dynsym. */
+ * /usr/lib/debug (where gdb looks), if its build id is the same; the
+ * file's exported .dynsym. */
 static void
 read_symbols(object_t *o)
 {
     o->read = 1;
     if (read_vdso_symbols(o) == 0) return;
     debug_refs_t refs = { "", "" };
-    if (read_file_symbols(o, o->path, 0, &refs) == 0) return;
+    if (read_file_symbols(o, o->path, 0, &refs, NULL) == 0) return;
     char debug[4096 + 512];
     if (refs.build_id[0]) {
         snprintf(debug, sizeof(debug), "/usr/lib/debug/.build-id/%.2s/%s.debug", refs.build_id, refs.build_id + 2);
-        if (read_file_symbols(o, debug, 0, NULL) == 0) return;
+        if (read_file_symbols(o, debug, 0, NULL, refs.build_id) == 0) return;
     }
     const char *slash = strrchr(o->path, '/');
     if (refs.debuglink[0] && slash) {
@@ -258,16 +336,34 @@ read_symbols(object_t *o)
         static const char *const places[] = { "%.*s/%s", "%.*s/.debug/%s", "/usr/lib/debug%.*s/%s" };
         for (size_t i = 0; i < sizeof(places) / sizeof(places[0]); i++) {
             snprintf(debug, sizeof(debug), places[i], dir, o->path, refs.debuglink);
-            if (strcmp(debug, o->path) != 0 && read_file_symbols(o, debug, 0, NULL) == 0) return;
+            if (strcmp(debug, o->path) != 0 && read_file_symbols(o, debug, 0, NULL, refs.build_id) == 0) return;
         }
     }
-    read_file_symbols(o, o->path, 1, NULL);
+    read_file_symbols(o, o->path, 1, NULL, NULL);
 }
 
 /* ---- the objects ------------------------------------------------------------ */
 
+/* What dl_iterate_phdr's callback collects. It runs under glibc's loader
+ * lock, so it must not allocate: a handler on another thread, interrupted
+ * inside malloc, may be waiting for that lock in libunwind, and the arena
+ * it holds would never be released. So it writes into fixed buffers (under
+ * the symbols mutex), and objects are added after dl_iterate_phdr returns. */
+#define SCAN_OBJECTS 1024
+#define SCAN_NAMES (256 * 1024)
+typedef struct {
+    uintptr_t lo, hi, base;
+    uint32_t name;           /* offset into scan.names */
+} scanned_t;
+static struct {
+    scanned_t found[SCAN_OBJECTS];
+    int len;
+    char names[SCAN_NAMES];
+    size_t names_len;
+} scan;
+
 static int
-add_object(struct dl_phdr_info *info, size_t size, void *unused)
+scan_object(struct dl_phdr_info *info, size_t size, void *unused)
 {
     (void)size; (void)unused;
     uintptr_t lo = UINTPTR_MAX, hi = 0;
@@ -279,29 +375,49 @@ add_object(struct dl_phdr_info *info, size_t size, void *unused)
         if (start + ph->p_memsz > hi) hi = start + ph->p_memsz;
     }
     if (lo >= hi) return 0;
-    for (int i = 0; i < objects_len; i++)
-        if (objects[i].lo == lo && objects[i].base == info->dlpi_addr) return 0; /* known */
-
-    char exe[4096];
-    const char *path = info->dlpi_name;
-    if (!path || !path[0]) { /* the main program */
-        ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-        if (n <= 0) return 0;
-        exe[n] = '\0';
-        path = exe;
+    if (scan.len == SCAN_OBJECTS) return 1;
+    char *name = scan.names + scan.names_len;
+    size_t room = SCAN_NAMES - scan.names_len;
+    size_t len;
+    if (info->dlpi_name && info->dlpi_name[0]) {
+        len = strlen(info->dlpi_name);
+        if (len >= room) return 1;
+        memcpy(name, info->dlpi_name, len + 1);
+    } else { /* the main program */
+        ssize_t n = readlink("/proc/self/exe", name, room - 1);
+        if (n <= 0 || (size_t)n >= room - 1) return 0;
+        name[n] = '\0';
+        len = (size_t)n;
     }
-    if (objects_len == objects_capa) {
-        int capa = objects_capa ? objects_capa * 2 : 64;
-        object_t *grown = realloc(objects, (size_t)capa * sizeof(object_t));
-        if (!grown) return 1;
-        objects = grown;
-        objects_capa = capa;
-    }
-    char *copy = strdup(path);
-    if (!copy) return 1;
-    const char *slash = strrchr(copy, '/');
-    objects[objects_len++] = (object_t){ lo, hi, info->dlpi_addr, copy, slash ? slash + 1 : copy, 0, NULL, 0, NULL };
+    scan.found[scan.len++] = (scanned_t){ lo, hi, info->dlpi_addr, (uint32_t)scan.names_len };
+    scan.names_len += len + 1;
     return 0;
+}
+
+static void
+add_loaded_objects(void)
+{
+    scan.len = 0;
+    scan.names_len = 0;
+    dl_iterate_phdr(scan_object, NULL);
+    for (int k = 0; k < scan.len; k++) {
+        int known = 0;
+        for (int i = 0; i < objects_len && !known; i++)
+            known = objects[i].lo == scan.found[k].lo && objects[i].base == scan.found[k].base;
+        if (known) continue;
+        if (objects_len == objects_capa) {
+            int capa = objects_capa ? objects_capa * 2 : 64;
+            object_t *grown = realloc(objects, (size_t)capa * sizeof(object_t));
+            if (!grown) return;
+            objects = grown;
+            objects_capa = capa;
+        }
+        char *copy = strdup(scan.names + scan.found[k].name);
+        if (!copy) return;
+        const char *slash = strrchr(copy, '/');
+        objects[objects_len++] = (object_t){ scan.found[k].lo, scan.found[k].hi, scan.found[k].base, copy,
+                                             slash ? slash + 1 : copy, 0, NULL, 0, NULL };
+    }
 }
 
 static object_t *
@@ -312,7 +428,7 @@ object_at(uintptr_t addr)
         if (last < objects_len && objects[last].lo <= addr && addr < objects[last].hi) return &objects[last];
         for (int i = 0; i < objects_len; i++)
             if (objects[i].lo <= addr && addr < objects[i].hi) return &objects[last = i];
-        if (pass == 0) dl_iterate_phdr(add_object, NULL); /* loaded since */
+        if (pass == 0) add_loaded_objects(); /* loaded since */
     }
     return NULL;
 }
