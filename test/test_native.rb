@@ -288,11 +288,11 @@ class TestNative < Minitest::Test
       assert status.success?, err
       assert_equal %w[spin spin_leaf spin_middle].map { |f| native_name(f) }, out.lines(chomp: true)
 
-      # Without it, and with another build's debug file in its place (as
-      # gdb does, Strobe checks the build id), names are offsets.
+      # Without it, and with another build's debug file in its place (the
+      # same code under other names: as gdb does, Strobe checks the build
+      # id), names are offsets.
       File.delete("#{so}.debug")
-      other = File.join(ROOT, "lib/strobe/strobe.#{RbConfig::CONFIG['DLEXT']}")
-      [nil, other].each do |impostor|
+      [nil, impostor_build(dir)].each do |impostor|
         if impostor
           _, err, status = run_tool("objcopy", "--only-keep-debug", impostor, "#{so}.debug")
           assert status.success?, err
@@ -304,6 +304,23 @@ class TestNative < Minitest::Test
         names.each { |name| assert_match(/\A#{Regexp.escape(EXT_NAME)}\+0x\h+\z/, name) }
       end
     end
+  end
+
+  # test/native_ext built again with its functions renamed (same layout,
+  # another build id), in dir/impostor; the path of its shared object.
+  def impostor_build(dir)
+    build = File.join(dir, "impostor")
+    FileUtils.mkdir_p(build)
+    source = File.read(File.join(EXT_SRC, "strobe_native_test.c"))
+    renames = %w[spin_leaf spin_middle spin].map { |f| "#define #{f} impostor_#{f}\n" }.join
+    File.write(File.join(build, "strobe_native_test.c"), renames + source)
+    FileUtils.cp(File.join(EXT_SRC, "extconf.rb"), build)
+    env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }
+    built = Dir.chdir(build) do
+      system(env, RbConfig.ruby, "extconf.rb", out: File::NULL) && system(env, "make", "-s", out: File::NULL)
+    end
+    assert built, "building the impostor extension failed"
+    File.join(build, EXT_NAME)
   end
 
   def test_native_takes_cpu_mode_and_counts_incomplete_stacks
