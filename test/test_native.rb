@@ -90,8 +90,12 @@ class TestNative < Minitest::Test
       refute native.any? { |f| !f[:native] }, "a Ruby frame under a native one: #{names(frames).inspect}"
       refute_empty ruby, "a stack without Ruby frames: #{names(frames).inspect}"
       native.each do |f|
-        # The kernel's vDSO (clock_gettime) is in memory only.
-        assert File.file?(f[:file]) || f[:file] == "linux-vdso.so.1", "native frame #{f[:name]} names #{f[:file].inspect}"
+        # The kernel's vDSO (clock_gettime) is in memory only; its symbols are read there.
+        if f[:file] == "linux-vdso.so.1"
+          assert_match(/\A\w+ \(linux-vdso\.so\.1\)\z/, f[:name])
+        else
+          assert File.file?(f[:file]), "native frame #{f[:name]} names #{f[:file].inspect}"
+        end
         refute_match(/\A(rb_vm_exec|vm_|rb_yield|rb_funcall|rb_ensure|rb_protect|rb_nogvl|ruby_run_node) /, f[:name])
       end
     end
@@ -265,62 +269,79 @@ class TestNative < Minitest::Test
   end
 
   # A stripped object is named from its separate debug file (found by its
-  # .gnu_debuglink, as gdb finds it), and by offsets without one.
+  # .gnu_debuglink, as gdb finds it), and by offsets without one. A debug
+  # file of another build (the same code under other names) is refused: by
+  # build id, or by the link's CRC-32 where the object has no build id.
   def test_names_of_a_stripped_object_from_its_debug_file
     Dir.mktmpdir do |dir|
-      so = File.join(dir, EXT_NAME)
-      FileUtils.cp(File.join(EXT_DIR, EXT_NAME), so)
-      [%W[objcopy --only-keep-debug #{so} #{so}.debug], %W[strip --strip-all #{so}],
-       %W[objcopy --add-gnu-debuglink=#{so}.debug #{so}]].each do |command|
-        _, err, status = run_tool(*command)
-        assert status.success?, "#{command.join(' ')}: #{err}"
-      end
-      code = <<~RUBY
-        require "strobe"
-        require #{so.dump}
-        r = Strobe.run(native: true, raw: true, interval: 250, threads: [Thread.current]) do
-          t = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.3
-          StrobeNativeTest.spin(#{SPIN}) while Process.clock_gettime(Process::CLOCK_MONOTONIC) < t
+      [true, false].each do |with_build_id|
+        so = variant_build(File.join(dir, "object-#{with_build_id}"), rename: false, build_id: with_build_id)
+        [%W[objcopy --only-keep-debug #{so} #{so}.debug], %W[strip --strip-all #{so}],
+         %W[objcopy --add-gnu-debuglink=#{so}.debug #{so}]].each do |command|
+          _, err, status = run_tool(*command)
+          assert status.success?, "#{command.join(' ')}: #{err}"
         end
-        puts r[:frames].values.select { |f| f[:native] && f[:file] == #{so.dump} }.map { |f| f[:name] }.sort
-      RUBY
-      out, err, status = run_ruby(code)
-      assert status.success?, err
-      assert_equal %w[spin spin_leaf spin_middle].map { |f| native_name(f) }, out.lines(chomp: true)
+        assert_equal %w[spin spin_leaf spin_middle].map { |f| native_name(f) }, native_names_of(so)
 
-      # Without it, and with another build's debug file in its place (the
-      # same code under other names: as gdb does, Strobe checks the build
-      # id), names are offsets.
-      File.delete("#{so}.debug")
-      [nil, impostor_build(dir)].each do |impostor|
-        if impostor
+        File.delete("#{so}.debug")
+        offsets = ->(names) { names.size == 3 && names.all?(/\A#{Regexp.escape(EXT_NAME)}\+0x\h+\z/) }
+        assert offsets.(native_names_of(so)), "without a debug file"
+        impostors = [true, false].map do |impostor_id|
+          variant_build(File.join(dir, "impostor-#{with_build_id}-#{impostor_id}"), rename: true, build_id: impostor_id)
+        end
+        impostors.each do |impostor|
           _, err, status = run_tool("objcopy", "--only-keep-debug", impostor, "#{so}.debug")
           assert status.success?, err
+          names = native_names_of(so)
+          assert offsets.(names), "#{impostor}'s debug file was used for #{so}: #{names.inspect}"
         end
-        out, err, status = run_ruby(code)
-        assert status.success?, err
-        names = out.lines(chomp: true)
-        assert_equal 3, names.size, names.inspect
-        names.each { |name| assert_match(/\A#{Regexp.escape(EXT_NAME)}\+0x\h+\z/, name) }
       end
     end
   end
 
-  # test/native_ext built again with its functions renamed (same layout,
-  # another build id), in dir/impostor; the path of its shared object.
-  def impostor_build(dir)
-    build = File.join(dir, "impostor")
+  # The native frame names a profile of StrobeNativeTest.spin gives the
+  # extension at so (loaded in a child process).
+  def native_names_of(so)
+    code = <<~RUBY
+      require "strobe"
+      require #{so.dump}
+      r = Strobe.run(native: true, raw: true, interval: 250, threads: [Thread.current]) do
+        t = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.3
+        StrobeNativeTest.spin(#{SPIN}) while Process.clock_gettime(Process::CLOCK_MONOTONIC) < t
+      end
+      puts r[:frames].values.select { |f| f[:native] && f[:file] == #{so.dump} }.map { |f| f[:name] }.sort
+    RUBY
+    out, err, status = run_ruby(code)
+    assert status.success?, err
+    out.lines(chomp: true)
+  end
+
+  # test/native_ext built in build: with its functions renamed (same layout,
+  # other names), and with or without a build id. The shared object's path.
+  def variant_build(build, rename:, build_id:)
     FileUtils.mkdir_p(build)
     source = File.read(File.join(EXT_SRC, "strobe_native_test.c"))
-    renames = %w[spin_leaf spin_middle spin].map { |f| "#define #{f} impostor_#{f}\n" }.join
+    renames = rename ? %w[spin_leaf spin_middle spin].map { |f| "#define #{f} impostor_#{f}\n" }.join : ""
     File.write(File.join(build, "strobe_native_test.c"), renames + source)
     FileUtils.cp(File.join(EXT_SRC, "extconf.rb"), build)
     env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }
     built = Dir.chdir(build) do
       system(env, RbConfig.ruby, "extconf.rb", out: File::NULL) && system(env, "make", "-s", out: File::NULL)
     end
-    assert built, "building the impostor extension failed"
-    File.join(build, EXT_NAME)
+    assert built, "building #{build} failed"
+    so = File.join(build, EXT_NAME)
+    unless build_id
+      _, err, status = run_tool("objcopy", "--remove-section=.note.gnu.build-id", so)
+      assert status.success?, err
+    end
+    so
+  end
+
+  def test_the_vdso_is_named_from_memory
+    result = profile { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+    vdso = result[:frames].values.select { |f| f[:native] && f[:file] == "linux-vdso.so.1" }
+    refute_empty vdso
+    vdso.each { |f| assert_match(/\A\w*clock_gettime\w* \(linux-vdso\.so\.1\)\z/, f[:name]) }
   end
 
   def test_native_takes_cpu_mode_and_counts_incomplete_stacks

@@ -79,6 +79,9 @@ interrupted_pc(const void *ucontext)
  * waits for the walks under way and lets no new one start until it is
  * done (strobe_native_fork_prepare/_done, from sampler.c's fork handlers). */
 static atomic_int walks_blocked, walks_running;
+/* A walk that never ended (its handler left by a longjmp, say) made a fork
+ * give up waiting: walks are off for good in this process. */
+static atomic_int walks_disabled;
 
 static int
 walk(const strobe_thread_t *t, const void *ucontext, uintptr_t *out)
@@ -112,7 +115,7 @@ strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t 
 {
     /* Sequentially consistent: a fork sees this walk, or the walk sees the fork. */
     atomic_fetch_add(&walks_running, 1);
-    int depth = atomic_load(&walks_blocked) ? 0 : walk(t, ucontext, out);
+    int depth = atomic_load(&walks_blocked) || atomic_load(&walks_disabled) ? 0 : walk(t, ucontext, out);
     atomic_fetch_sub(&walks_running, 1);
     return depth;
 }
@@ -121,7 +124,21 @@ void
 strobe_native_fork_prepare(void)
 {
     atomic_store(&walks_blocked, 1);
-    while (atomic_load(&walks_running)) sched_yield();
+    if (atomic_load(&walks_disabled)) return;
+    /* A walk takes microseconds; after a second, something is wrong with it. */
+    int64_t give_up = strobe_clock_ns(CLOCK_MONOTONIC) + 1000000000;
+    for (int spins = 0; atomic_load(&walks_running); spins++) {
+        if (spins < 1000) {
+            sched_yield();
+            continue;
+        }
+        struct timespec pause = { 0, 100000 };
+        nanosleep(&pause, NULL);
+        if (strobe_clock_ns(CLOCK_MONOTONIC) > give_up) {
+            atomic_store(&walks_disabled, 1);
+            return;
+        }
+    }
 }
 
 void

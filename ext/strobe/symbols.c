@@ -253,43 +253,90 @@ read_table(object_t *o, const elf_t *e, const Elf64_Shdr *table)
     return r;
 }
 
-/* Where a stripped file's symbols may be: its build id and its
- * .gnu_debuglink file name. */
+/* Where a stripped file's symbols may be, and how to tell its debug file:
+ * its build id, and its .gnu_debuglink file name with that file's CRC-32. */
 typedef struct {
     char build_id[2 * 64 + 1];
     char debuglink[256];
+    uint32_t crc;
+    int has_crc;
 } debug_refs_t;
+
+/* The CRC-32 (gdb's, as in zlib) of a whole file, 0 on success. */
+static int
+file_crc32(const elf_t *e, uint32_t *out)
+{
+    static uint32_t table[256];
+    if (!table[1])
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+    unsigned char buf[65536];
+    uint32_t crc = 0xFFFFFFFFu;
+    for (size_t at = 0; at < e->size;) {
+        size_t len = e->size - at < sizeof(buf) ? e->size - at : sizeof(buf);
+        if (elf_read(e, buf, len, at) != 0) return -1;
+        for (size_t i = 0; i < len; i++) crc = table[(crc ^ buf[i]) & 0xFF] ^ (crc >> 8);
+        at += len;
+    }
+    *out = crc ^ 0xFFFFFFFFu;
+    return 0;
+}
+
+/* Whether e is the debug file refs describe: the same build id, or
+ * without one, the CRC-32 the link records. A debug file left from another
+ * build would name the functions wrongly. */
+static int
+is_debug_file_of(const elf_t *e, const debug_refs_t *refs)
+{
+    if (refs->build_id[0]) {
+        char id[2 * 64 + 1];
+        build_id(e, id);
+        return strcmp(id, refs->build_id) == 0;
+    }
+    uint32_t crc;
+    return refs->has_crc && file_crc32(e, &crc) == 0 && crc == refs->crc;
+}
 
 static void
 read_debug_refs(const elf_t *e, debug_refs_t *refs)
 {
     build_id(e, refs->build_id);
     refs->debuglink[0] = '\0';
+    refs->has_crc = 0;
     Elf64_Ehdr eh;
     if (elf_read(e, &eh, sizeof(eh), 0) != 0) return;
     const Elf64_Shdr *link = named_section(e, ".gnu_debuglink", eh.e_shstrndx);
     char *content = link ? elf_section(e, link) : NULL;
     if (!content) return;
-    /* A file name (NUL-terminated, no directories), then a CRC. */
+    /* A file name (NUL-terminated, no directories), padded to 4 bytes, then
+     * the file's CRC-32. */
     size_t len = strnlen(content, (size_t)link->sh_size);
-    if (len > 0 && len < link->sh_size && len < sizeof(refs->debuglink) && !memchr(content, '/', len))
+    size_t crc_at = (len + 4) & ~(size_t)3;
+    if (len > 0 && crc_at + 4 <= link->sh_size && len < sizeof(refs->debuglink) && !memchr(content, '/', len)) {
         memcpy(refs->debuglink, content, len + 1);
+        uint32_t crc;
+        memcpy(&crc, content + crc_at, 4); /* in the file's byte order: little-endian here */
+        refs->crc = crc;
+        refs->has_crc = 1;
+    }
     free(content);
 }
 
 /* Reads the symbols of the file at path: its .symtab, else its .dynsym when
  * with_dynamic. 0 when a table was read. Without a .symtab, refs (if not
- * NULL) receives where debug symbols may be. With expect_id, a file whose
- * build id is another (a debug file left from an older build) is not used. */
+ * NULL) receives where debug symbols may be. With debug_of, the file is
+ * a debug file, used only if it is debug_of's (is_debug_file_of). */
 static int
-read_file_symbols(object_t *o, const char *path, int with_dynamic, debug_refs_t *refs, const char *expect_id)
+read_file_symbols(object_t *o, const char *path, int with_dynamic, debug_refs_t *refs,
+                  const debug_refs_t *debug_of)
 {
     elf_t e;
     if (elf_open(path, &e) != 0) return -1;
     int r = -1;
-    char id[2 * 64 + 1];
-    if (expect_id && expect_id[0]) build_id(&e, id);
-    if (!(expect_id && expect_id[0] && id[0] && strcmp(id, expect_id) != 0)) {
+    if (!debug_of || is_debug_file_of(&e, debug_of)) {
         const Elf64_Shdr *table = find_section(&e, SHT_SYMTAB);
         if (table) r = read_table(o, &e, table);
         if (r != 0 && refs) read_debug_refs(&e, refs);
@@ -305,7 +352,20 @@ read_vdso_symbols(object_t *o)
 {
     uintptr_t at = (uintptr_t)getauxval(AT_SYSINFO_EHDR);
     if (!at || at != o->lo) return -1;
-    elf_t e = { -1, (const unsigned char *)at, o->hi - o->lo, NULL, 0 };
+    /* Its section headers come after what its program headers load, within
+     * the pages of its mapping: that is the size to read within. */
+    size_t size = 0;
+    FILE *maps = fopen("/proc/self/maps", "re");
+    if (maps) {
+        char line[512];
+        unsigned long start, end;
+        while (fgets(line, sizeof(line), maps))
+            if (strstr(line, "[vdso]") && sscanf(line, "%lx-%lx", &start, &end) == 2 && start == at && end > start)
+                size = end - start;
+        fclose(maps);
+    }
+    if (size == 0) return -1;
+    elf_t e = { -1, (const unsigned char *)at, size, NULL, 0 };
     int r = -1;
     const Elf64_Shdr *table;
     if (elf_load(&e) == 0 && (table = find_section(&e, SHT_DYNSYM))) r = read_table(o, &e, table);
@@ -316,19 +376,19 @@ read_vdso_symbols(object_t *o)
 /* Symbols from the first of: the file's own .symtab; the debug file its
  * build id names under /usr/lib/debug/.build-id; the file its
  * .gnu_debuglink names, beside it, in .debug/ beside it, or under
- * /usr/lib/debug (where gdb looks), if its build id is the same; the
- * file's exported .dynsym. */
+ * /usr/lib/debug (where gdb looks); the file's exported .dynsym. A debug
+ * file is only used if it is the file's (is_debug_file_of). */
 static void
 read_symbols(object_t *o)
 {
     o->read = 1;
     if (read_vdso_symbols(o) == 0) return;
-    debug_refs_t refs = { "", "" };
+    debug_refs_t refs = { "", "", 0, 0 };
     if (read_file_symbols(o, o->path, 0, &refs, NULL) == 0) return;
     char debug[4096 + 512];
     if (refs.build_id[0]) {
         snprintf(debug, sizeof(debug), "/usr/lib/debug/.build-id/%.2s/%s.debug", refs.build_id, refs.build_id + 2);
-        if (read_file_symbols(o, debug, 0, NULL, refs.build_id) == 0) return;
+        if (read_file_symbols(o, debug, 0, NULL, &refs) == 0) return;
     }
     const char *slash = strrchr(o->path, '/');
     if (refs.debuglink[0] && slash) {
@@ -336,7 +396,7 @@ read_symbols(object_t *o)
         static const char *const places[] = { "%.*s/%s", "%.*s/.debug/%s", "/usr/lib/debug%.*s/%s" };
         for (size_t i = 0; i < sizeof(places) / sizeof(places[0]); i++) {
             snprintf(debug, sizeof(debug), places[i], dir, o->path, refs.debuglink);
-            if (strcmp(debug, o->path) != 0 && read_file_symbols(o, debug, 0, NULL, refs.build_id) == 0) return;
+            if (strcmp(debug, o->path) != 0 && read_file_symbols(o, debug, 0, NULL, &refs) == 0) return;
         }
     }
     read_file_symbols(o, o->path, 1, NULL, NULL);
@@ -378,6 +438,7 @@ scan_object(struct dl_phdr_info *info, size_t size, void *unused)
     if (scan.len == SCAN_OBJECTS) return 1;
     char *name = scan.names + scan.names_len;
     size_t room = SCAN_NAMES - scan.names_len;
+    if (room < 2) return 1;
     size_t len;
     if (info->dlpi_name && info->dlpi_name[0]) {
         len = strlen(info->dlpi_name);
