@@ -25,17 +25,20 @@ class TestNative < Minitest::Test
       so = File.join(EXT_DIR, EXT_NAME)
       newest = Dir[File.join(EXT_SRC, "*")].map { |f| File.mtime(f) }.max
       unless File.exist?(so) && File.mtime(so) >= newest
-        FileUtils.mkdir_p(EXT_DIR)
-        # Without the sanitizer runtime rake test:asan preloads here.
-        env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }
-        built = Dir.chdir(EXT_DIR) do
-          system(env, RbConfig.ruby, File.join(EXT_SRC, "extconf.rb"), out: File::NULL) &&
-            system(env, "make", "-s", out: File::NULL)
-        end
-        raise "building #{EXT_SRC} failed" unless built
+        raise "building #{EXT_SRC} failed" unless make_extension(EXT_DIR, File.join(EXT_SRC, "extconf.rb"))
       end
       require so
       true
+    end
+  end
+
+  # Runs extconf (a path) and make in dir, without the sanitizer runtime
+  # rake test:asan preloads here; whether both succeeded.
+  def self.make_extension(dir, extconf)
+    FileUtils.mkdir_p(dir)
+    env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }
+    Dir.chdir(dir) do
+      system(env, RbConfig.ruby, extconf, out: File::NULL) && system(env, "make", "-s", out: File::NULL)
     end
   end
 
@@ -324,11 +327,7 @@ class TestNative < Minitest::Test
     renames = rename ? %w[spin_leaf spin_middle spin].map { |f| "#define #{f} impostor_#{f}\n" }.join : ""
     File.write(File.join(build, "strobe_native_test.c"), renames + source)
     FileUtils.cp(File.join(EXT_SRC, "extconf.rb"), build)
-    env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil }
-    built = Dir.chdir(build) do
-      system(env, RbConfig.ruby, "extconf.rb", out: File::NULL) && system(env, "make", "-s", out: File::NULL)
-    end
-    assert built, "building #{build} failed"
+    assert self.class.make_extension(build, "extconf.rb"), "building #{build} failed"
     so = File.join(build, EXT_NAME)
     unless build_id
       _, err, status = run_tool("objcopy", "--remove-section=.note.gnu.build-id", so)

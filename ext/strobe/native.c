@@ -150,24 +150,32 @@ strobe_native_fork_done(int in_child)
     atomic_store(&walks_blocked, 0);
 }
 
-void
-strobe_native_warm(strobe_thread_t *t)
-{
-    if (atomic_load_explicit(&t->native_warm, memory_order_relaxed)) return;
-    /* The whole stack: its frames (the interpreter's, mostly) are then in
-     * libunwind's caches before the first handler needs them. */
-    void *buf[STROBE_NATIVE_CAPA];
-    unw_backtrace(buf, STROBE_NATIVE_CAPA);
-    atomic_store_explicit(&t->native_warm, 1, memory_order_relaxed);
-}
-
-void
-strobe_native_preload(void)
+/* Walks the calling thread's whole stack: its frames (the interpreter's,
+ * mostly) are then in libunwind's caches before the first handler needs
+ * them. With read_symbols, also reads the symbol tables of the objects they
+ * are in. */
+static void
+walk_self(int read_symbols)
 {
     void *buf[STROBE_NATIVE_CAPA];
     int n = unw_backtrace(buf, STROBE_NATIVE_CAPA);
     strobe_symbol_t s;
-    for (int i = 0; i < n; i++) strobe_symbols_find((uintptr_t)buf[i] - 1, &s);
+    for (int i = 0; read_symbols && i < n; i++) strobe_symbols_find((uintptr_t)buf[i] - 1, &s);
+}
+
+void
+strobe_native_warm(strobe_thread_t *t)
+{
+    if (atomic_load_explicit(&t->native_warm, memory_order_relaxed)) return;
+    walk_self(0);
+    atomic_store_explicit(&t->native_warm, 1, memory_order_relaxed);
+}
+
+void
+strobe_native_prepare(strobe_thread_t *self)
+{
+    walk_self(1);
+    if (self) atomic_store_explicit(&self->native_warm, 1, memory_order_relaxed);
 }
 
 /* ---- weaving ------------------------------------------------------------------ */
@@ -222,7 +230,8 @@ classify(const strobe_symbol_t *s)
 {
     if (ruby_object == -2) {
         void *anchor = dlsym(RTLD_DEFAULT, "rb_vm_exec");
-        ruby_object = strobe_symbols_object_of(anchor ? (uintptr_t)anchor : (uintptr_t)&rb_funcallv);
+        strobe_symbol_t ruby;
+        ruby_object = strobe_symbols_find(anchor ? (uintptr_t)anchor : (uintptr_t)&rb_funcallv, &ruby) ? ruby.object : -1;
     }
     if (s->object != ruby_object || ruby_object < 0) return NF_KEEP;
     if (!s->name) return NF_VM;
@@ -320,7 +329,7 @@ int strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintpt
     return 0;
 }
 void strobe_native_warm(strobe_thread_t *t) { (void)t; }
-void strobe_native_preload(void) {}
+void strobe_native_prepare(strobe_thread_t *self) { (void)self; }
 void strobe_native_fork_prepare(void) {}
 void strobe_native_fork_done(int in_child) { (void)in_child; }
 int strobe_native_weave(const uintptr_t *ips, int n, VALUE *out)

@@ -860,10 +860,10 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
         S.native = native; /* before registering: threads registering set up their unwinding */
         gvl_states_start();
         register_running_threads();
-        strobe_thread_t *self = strobe_threads_self();
-        if (native && self) strobe_native_warm(self);
-        if (native) strobe_native_preload();
-        if (native) strobe_profile.native = 1;
+        if (native) {
+            strobe_native_prepare(strobe_threads_self());
+            strobe_profile.native = 1;
+        }
         atomic_store(&S.running, 1);
         /* No timer thread (out of threads, say): the process-wide timer.
          * Set before any signal can arrive; the handler reads it. */

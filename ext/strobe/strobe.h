@@ -238,10 +238,12 @@ int strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintpt
 /* On t's own thread, never in a signal handler: set up what lets its
  * handler use libunwind's fast path. */
 void strobe_native_warm(strobe_thread_t *t);
-/* GVL held, before sampling starts: read the symbol tables of the objects
- * on the calling thread's stack (libruby, libc, ...), so that the first
- * recording does not stall the timer thread reading them. */
-void strobe_native_preload(void);
+/* GVL held, before sampling starts, on the starting thread (self: its
+ * entry, or NULL when it is not profiled): set it up as strobe_native_warm
+ * does, and read the symbol tables of the objects on its stack (libruby,
+ * libc, ...), so that the first recording does not stall the timer thread
+ * reading them. One walk does both. */
+void strobe_native_prepare(strobe_thread_t *self);
 /* fork handlers: wait for the handlers' native walks under way and hold
  * new ones off / let them go again (libunwind's lock must not be copied
  * held into the child). */
@@ -271,8 +273,6 @@ typedef struct {
 /* The object and function at addr; 0 (out zeroed) when in no object.
  * Strings stay valid for the life of the process. Not signal-safe. */
 int strobe_symbols_find(uintptr_t addr, strobe_symbol_t *out);
-/* The index of the object at addr, or -1. */
-int strobe_symbols_object_of(uintptr_t addr);
 
 /* ---- stack_table.c: interned frames and the prefix tree ---------------- */
 

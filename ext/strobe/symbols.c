@@ -524,13 +524,3 @@ strobe_symbols_find(uintptr_t addr, strobe_symbol_t *out)
     pthread_mutex_unlock(&lock);
     return o != NULL;
 }
-
-int
-strobe_symbols_object_of(uintptr_t addr)
-{
-    pthread_mutex_lock(&lock);
-    object_t *o = object_at(addr);
-    int index = o ? (int)(o - objects) : -1;
-    pthread_mutex_unlock(&lock);
-    return index;
-}
