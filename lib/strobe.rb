@@ -6,8 +6,14 @@ require_relative "strobe/profile_file"
 require_relative "strobe/pending"
 
 # The C extension. STROBE_LIB lets `rake test:asan` load a sanitizer build.
+# A checkout keeps one build per Ruby ABI (lib/strobe/3.4.0/strobe.so,
+# `rake compile`), so several Rubies can share it; an installed gem has its
+# one build in lib/strobe/.
 if ENV["STROBE_LIB"]
   require File.expand_path("strobe/strobe", ENV["STROBE_LIB"])
+elsif File.exist?(File.expand_path("strobe/#{RbConfig::CONFIG['ruby_version']}/strobe.#{RbConfig::CONFIG['DLEXT']}",
+                                   __dir__))
+  require_relative "strobe/#{RbConfig::CONFIG['ruby_version']}/strobe"
 else
   require_relative "strobe/strobe"
 end

@@ -377,7 +377,7 @@ class TestCLIReport < Minitest::Test
       %w[--timeline-flamegraph] => /"view":"timeline"/,
       %w[--alphabetical-flamegraph] => /"view":"aggregated"/,
       %w[--d3-flamegraph] => /"view":"aggregated"/,
-      %w[--debug] => /\A\{:version=>1\.2,/,
+      %w[--debug] => /\A#{Regexp.escape({ version: 1.2 }.inspect.chomp("}"))},/,
       %w[--method spi] => /\AWorker#spin \(main\.rb:2\)/,
       %w[--file ain.r] => /\Amain\.rb\n/,
       %w[--limit 0] => /Worker#spin\n.*Worker#tick\n/m,

@@ -26,6 +26,8 @@ GC.auto_compact = true unless ENV["STROBE_TEST_NO_AUTO_COMPACT"]
 module StrobeTestHelpers
   ROOT = File.expand_path("..", __dir__)
   LIB = File.join(ROOT, "lib")
+  # This Ruby's build tree (the Rakefile's BUILD): one per Ruby ABI.
+  BUILD = File.join(ROOT, "tmp", RbConfig::CONFIG["ruby_version"])
 
   # For tests of sampling statistics (rates, shares between threads):
   # under `rake test:valgrind` the process runs some 50 times slower and

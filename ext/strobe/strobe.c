@@ -169,6 +169,17 @@ native_thread_registry(VALUE self)
     return h;
 }
 
+/* Strobe::Native.native_symbol(address): what native frames call the code
+ * at address, as [function or nil, object file name], or nil outside every
+ * loaded object (for tests: the names do not depend on where samples land). */
+static VALUE
+native_symbol(VALUE self, VALUE address)
+{
+    strobe_symbol_t sym;
+    if (!strobe_symbols_find((uintptr_t)NUM2ULL(address), &sym)) return Qnil;
+    return rb_ary_new_from_args(2, sym.name ? rb_str_new_cstr(sym.name) : Qnil, rb_str_new_cstr(sym.object_name));
+}
+
 static VALUE
 native_running_p(VALUE self)
 {
@@ -326,6 +337,7 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "stop", native_stop, 0);
     rb_define_singleton_method(mNative, "running?", native_running_p, 0);
     rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);
+    rb_define_singleton_method(mNative, "native_symbol", native_symbol, 1);
     /* On Strobe itself, so the sampled leaf reads "Strobe.sample". */
     rb_define_singleton_method(mStrobe, "sample", native_sample, 0);
     rb_define_singleton_method(mStrobe, "run", strobe_run, -1);
