@@ -1,9 +1,11 @@
 # frozen_string_literal: true
 
+require "rbconfig"
 require_relative "strobe/version"
 require_relative "strobe/options"
 require_relative "strobe/profile_file"
 require_relative "strobe/pending"
+require_relative "strobe/ruby_bugs"
 
 # The C extension. STROBE_LIB lets `rake test:asan` load a sanitizer build.
 # A checkout keeps one build per Ruby ABI (lib/strobe/3.4.0/strobe.so,
@@ -57,6 +59,7 @@ module Strobe
           check_trace_round(options)
           Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions)
         else
+          RubyBugs.tell(options.mode)
           Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
                        options.threads_list, options.native_timer, options.native)
         end

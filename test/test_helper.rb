@@ -87,8 +87,8 @@ module StrobeTestHelpers
   end
 
   # Runs Ruby code in a child process with Strobe loadable.
-  def run_ruby(code, timeout: 60, env: {}, ruby_args: [])
-    run_command(env, RbConfig.ruby, *ruby_args, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code,
+  def run_ruby(code, timeout: 60, env: {}, ruby_args: [], args: [])
+    run_command(env, RbConfig.ruby, *ruby_args, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code, *args,
                 timeout: timeout)
   end
 

@@ -387,3 +387,35 @@ class TestStrobeOptions < Minitest::Test
     assert_match(/^false$/, out)
   end
 end
+
+# The result says which JIT compiler was on.
+class TestJitKey < Minitest::Test
+  CODE = 'require "strobe"; r = Strobe.run(mode: :wall) { 20.times { |i| i * i } }; p r[:jit]; ' \
+         'Strobe.save(r, ARGV[0]); p Strobe.load(ARGV[0])[:jit]'
+
+  def jit_key(*ruby_args)
+    Dir.mktmpdir do |dir|
+      out, err, status = run_ruby(CODE, ruby_args: ruby_args, args: [File.join(dir, "p.json")])
+      assert status.success?, err
+      out.lines(chomp: true).uniq
+    end
+  end
+
+  def jit_available?(flag, name)
+    system(RbConfig.ruby, flag, "-e", "exit RubyVM::#{name}.enabled?", err: File::NULL)
+  end
+
+  def test_the_interpreter_has_no_jit_key
+    assert_equal ["nil"], jit_key("--disable-all", "-rjson")
+  end
+
+  def test_yjit
+    skip "this Ruby has no YJIT" unless jit_available?("--yjit", "YJIT")
+    assert_equal [":yjit"], jit_key("--yjit")
+  end
+
+  def test_zjit
+    skip "this Ruby has no ZJIT (Ruby 4.0+ built with it)" unless jit_available?("--zjit", "ZJIT")
+    assert_equal [":zjit"], jit_key("--zjit")
+  end
+end

@@ -18,6 +18,13 @@ have_library("rt", "clock_gettime")
 # Ruby 3.3+: a preregistered postponed job is triggered without the table
 # scan of rb_postponed_job_register_one (deprecated there).
 have_func("rb_postponed_job_preregister", "ruby/debug.h")
+# STROBE_MODERN_API_ONLY=1: build as on a Ruby without the old postponed-job
+# functions (Ruby 4.1 removes rb_postponed_job_register and _one): any use
+# of them fails to compile (strobe.h poisons the names).
+if ENV["STROBE_MODERN_API_ONLY"] == "1"
+  abort "STROBE_MODERN_API_ONLY needs rb_postponed_job_preregister (Ruby 3.3+)" unless $defs.include?("-DHAVE_RB_POSTPONED_JOB_PREREGISTER")
+  $defs << "-DSTROBE_POISON_LEGACY_POSTPONED_JOB"
+end
 # Ruby 3.2+: GVL events (waiting for the GVL, holding it, released it), so
 # samples can say what their thread was doing.
 have_func("rb_internal_thread_add_event_hook", "ruby/thread.h")
@@ -27,6 +34,9 @@ have_struct_member("rb_internal_thread_event_data_t", "thread", "ruby/thread.h")
 # thread holds the GVL. With YJIT before Ruby 3.3 the handler must not read a
 # GVL holder's frames (sampler.c); a thread without the GVL is safe to read.
 have_func("ruby_thread_has_gvl_p")
+# Ruby 3.3+: data per Ruby thread for profilers, readable in a signal
+# handler: threads are found by the Ruby Thread, wherever M:N runs them.
+have_func("rb_internal_thread_specific_get", "ruby/thread.h")
 # Ruby 3.2+: another thread's frames, read with the GVL held; the signal-free
 # scheduler (scheduler: :thread) then samples every profiled thread, not just
 # the one holding the GVL.

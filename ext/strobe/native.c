@@ -163,10 +163,13 @@ walk_self(int read_symbols)
     for (int i = 0; read_symbols && i < n; i++) strobe_symbols_find((uintptr_t)buf[i] - 1, &s);
 }
 
+/* libunwind's per-thread state belongs to the native thread: a Ruby thread
+ * M:N may move (mobile) is never marked warm, so its handler always takes
+ * the walk that needs none. */
 void
 strobe_native_warm(strobe_thread_t *t)
 {
-    if (atomic_load_explicit(&t->native_warm, memory_order_relaxed)) return;
+    if (atomic_load_explicit(&t->native_warm, memory_order_relaxed) || atomic_load(&t->mobile)) return;
     walk_self(0);
     atomic_store_explicit(&t->native_warm, 1, memory_order_relaxed);
 }
@@ -175,7 +178,7 @@ void
 strobe_native_prepare(strobe_thread_t *self)
 {
     walk_self(1);
-    if (self) atomic_store_explicit(&self->native_warm, 1, memory_order_relaxed);
+    if (self && !atomic_load(&self->mobile)) atomic_store_explicit(&self->native_warm, 1, memory_order_relaxed);
 }
 
 /* ---- weaving ------------------------------------------------------------------ */

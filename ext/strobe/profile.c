@@ -98,6 +98,7 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->safepoint_timer = 0;
         p->track_states = 0;
         p->native = 0;
+        p->jit = STROBE_JIT_NONE;
         p->native_incomplete = 0;
         strobe_native_reset();
         p->active = 1;
@@ -134,7 +135,8 @@ strobe_profile_thread_index(pid_t tid, VALUE thread)
 {
     strobe_profile_t *p = &strobe_profile;
     for (int i = 0; i < p->threads_len; i++)
-        if (p->threads[i].tid == tid && p->threads[i].thread == thread) return i;
+        if (p->threads[i].thread == thread && (p->threads[i].tid == tid || (p->threads[i].shared && thread != Qnil)))
+            return i;
     if (p->threads_len == STROBE_MAX_PROFILE_THREADS) return STROBE_MAX_PROFILE_THREADS - 1;
     if (p->threads_len == p->threads_capa) {
         int capa = p->threads_capa ? p->threads_capa * 2 : 16;
@@ -152,6 +154,9 @@ profile_thread(strobe_profile_t *p, strobe_thread_t *t)
 {
     if (!t) return strobe_profile_thread_index(0, Qnil);
     if (t->profile_index < 0) t->profile_index = strobe_profile_thread_index(t->tid, t->thread);
+    /* A thread found to share native threads keeps one record, whatever
+     * native thread it is on (M:N). */
+    if (atomic_load_explicit(&t->shared, memory_order_relaxed)) p->threads[t->profile_index].shared = 1;
     return t->profile_index;
 }
 

@@ -322,6 +322,8 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     /* Strobe's, with native: true: native frames were woven in, and how many
      * samples' native stacks did not reach the interpreter (libunwind could
      * not walk them) and were left with their Ruby frames only. */
+    /* Strobe's: the JIT compiler that was on (absent for the interpreter). */
+    if (p->jit) rb_hash_aset(result, strobe_sym("jit"), strobe_sym(p->jit == STROBE_JIT_YJIT ? "yjit" : "zjit"));
     if (p->native) {
         rb_hash_aset(result, strobe_sym("native"), Qtrue);
         rb_hash_aset(result, strobe_sym("native_incomplete_samples"), ULL2NUM(p->native_incomplete));
@@ -366,18 +368,24 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     strobe_results_aggregate(st->nodes, st->nodes_len, self, details, frame_ids, st->frames_len, p->aggregate);
     free(self);
 
-    /* Keyed by kernel tid; should a tid be reused by a later thread within
-     * one profile, both threads' counts land under it. */
+    /* Keyed by kernel tid. A thread with no tid of its own gets an id from
+     * STROBE_SHARED_THREAD_ID_BASE up (never a tid): one that shared
+     * native threads with other Ruby threads (M:N; it also says mn: true),
+     * or one on a native thread an earlier thread of the profile ran on
+     * (Ruby's thread cache, or M:N threads taking turns). */
     VALUE threads = rb_hash_new(), thread_ids = rb_ary_new_capa(p->threads_len);
     VALUE sym_name = strobe_sym("name"), sym_samples = strobe_sym("samples");
     for (int i = 0; i < p->threads_len; i++) {
+        int shared = p->threads[i].shared;
         VALUE id = INT2NUM(p->threads[i].tid);
+        if (shared || rb_hash_lookup2(threads, id, Qundef) != Qundef) id = INT2NUM(STROBE_SHARED_THREAD_ID_BASE + i);
         VALUE info = rb_hash_lookup2(threads, id, Qundef);
         if (info == Qundef) {
             info = rb_hash_new();
             rb_hash_aset(info, sym_name, thread_name(&p->threads[i]));
             rb_hash_aset(info, sym_samples, INT2FIX(0));
             if (p->threads[i].thread == rb_thread_main()) rb_hash_aset(info, strobe_sym("main"), Qtrue);
+            if (shared) rb_hash_aset(info, strobe_sym("mn"), Qtrue);
             rb_hash_aset(threads, id, info);
         }
         hash_add(info, sym_samples, p->threads[i].samples);

@@ -118,6 +118,9 @@ static struct {
     int track_states;        /* this round records GVL states */
     int native;              /* this round captures native frames in the handler */
 
+    pid_t pid;               /* this process, as the timer's signals name it */
+    uid_t uid;
+
     /* a descriptor forked children close (strobe serve's socket), -1 none */
     int child_fd, null_fd;
 
@@ -205,8 +208,13 @@ register_running_threads(void)
             tid = strobe_gettid();
         } else {
             VALUE id = rb_funcall(thread, native_thread_id, 0);
-            if (NIL_P(id)) continue;
+#ifdef STROBE_FOLLOWS_RUBY_THREADS
+            /* Not on a native thread now (M:N): placed when it resumes. */
+            tid = NIL_P(id) ? 0 : (pid_t)NUM2INT(id);
+#else
+            if (NIL_P(id)) continue; /* not started: it registers itself */
             tid = (pid_t)NUM2INT(id);
+#endif
         }
         if (!strobe_threads_add(tid, thread, state)) S.unsampled_threads++;
     }
@@ -252,6 +260,9 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
     uint8_t state = (event & RUBY_INTERNAL_THREAD_EVENT_RESUMED) ? STROBE_STATE_RUNNING
                   : (event & RUBY_INTERNAL_THREAD_EVENT_READY) ? STROBE_STATE_WAITING
                   : STROBE_STATE_BLOCKED;
+    /* RESUMED runs on the native thread about to run it: under M:N that
+     * may be another one than last time (placement.c). */
+    if (state == STROBE_STATE_RUNNING) strobe_placement_resumed(t);
     atomic_store_explicit(&t->gvl_state, state, memory_order_relaxed);
     /* A thread that was running when profiling started, resuming on its
      * own thread: the first chance to set up its fast native unwinding. */
@@ -403,8 +414,7 @@ take_sample(strobe_thread_t *t, VALUE thread, const void *ucontext)
         int unchanged = 0;
         int r = sample_thread(t, thread, &unchanged, ucontext);
         if (r == 0) strobe_profile_add_missed(1);
-        clockid_t clock = RTEST(thread) ? t->cpu_clock : CLOCK_THREAD_CPUTIME_ID;
-        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_clock_ns(clock) : -1);
+        atomic_store(&t->idle_cpu_ns, r == 1 && unchanged ? strobe_placement_cpu_ns(t, 2) : -1);
     } else if (sample_thread(t, thread, NULL, ucontext) == 0) {
         strobe_profile_add_missed(1);
     }
@@ -485,26 +495,68 @@ trigger_sample_job(void)
 #endif
 }
 
+/* The registry entry a signal was sent for: the timer thread names it in
+ * the signal's value (send_signal). NULL for a signal from elsewhere (the
+ * process-wide timer, another sender of SIGURG). Async-signal-safe. */
+static strobe_thread_t *
+signal_target(const siginfo_t *info)
+{
+    if (!info || info->si_code != SI_QUEUE || info->si_pid != S.pid) return NULL;
+    unsigned value = (unsigned)info->si_value.sival_int;
+    strobe_thread_t *t = strobe_threads_at((int)(value & 0xffff));
+    if (!t || value >> 16 != (strobe_threads_generation() & 0x7fff)) return NULL;
+    return atomic_load_explicit(&t->state, memory_order_acquire) == STROBE_THREAD_LIVE ? t : NULL;
+}
+
+/* Async-signal-safe: whether thread t's frames can be read on the native
+ * thread the handler runs on. Ruby 3.3+: the thread the signal names (or,
+ * for a signal that names none, the one placed here) if it is still placed
+ * on this native thread and, when M:N may move it, running here. Ruby's
+ * own idea of the current thread is not asked: on a native thread between
+ * M:N threads it points at no thread (it crashed rb_thread_current). */
+static strobe_thread_t *
+handler_entry(strobe_thread_t *target)
+{
+#ifdef STROBE_FOLLOWS_RUBY_THREADS
+    pid_t me = strobe_placement_self_tid();
+    strobe_thread_t *t = target ? target : strobe_placement_find(me);
+    if (!t || strobe_placement_tid(t, 4) != me) return NULL;
+    if (atomic_load(&t->mobile) && atomic_load(&t->gvl_state) != STROBE_STATE_RUNNING) return NULL;
+    return t;
+#else
+    (void)target;
+    return ruby_native_thread_p() ? strobe_threads_self() : NULL;
+#endif
+}
+
 static void
 signal_handler(int sig, siginfo_t *info, void *ucontext)
 {
-    (void)sig; (void)info;
+    (void)sig;
     int saved_errno = errno;
 
     if (!atomic_load(&S.running) || !atomic_load(&S.vm_alive)) goto out;
+    strobe_thread_t *target = signal_target(info);
     /* A thread registered by its tid that runs no Ruby thread (not started
      * yet, or ended without THREAD_END and parked in Ruby's thread cache):
      * its stack cannot be read. It is not asked again (and its ticks are not
-     * counted missed) until it registers as a Ruby thread. */
-    if (!ruby_native_thread_p()) {
-        strobe_thread_t *idle = strobe_threads_self();
-        if (idle) {
-            atomic_store(&idle->not_ruby, 1);
-            atomic_fetch_add_explicit(&idle->handled, 1, memory_order_release);
-        }
+     * counted missed) until it registers as a Ruby thread. (A thread M:N
+     * may move is only read while it runs here: handler_entry.) */
+    strobe_thread_t *idle = target ? target : strobe_threads_find(strobe_placement_self_tid());
+    if (idle && !atomic_load(&idle->mobile) && !ruby_native_thread_p()) {
+        atomic_store(&idle->not_ruby, 1);
+        atomic_fetch_add_explicit(&idle->handled, 1, memory_order_release);
         goto out;
     }
-    strobe_thread_t *t = strobe_threads_self();
+    strobe_thread_t *t = handler_entry(target);
+    if (target && target != t) {
+        /* Sent for a Ruby thread that has left this native thread since,
+         * or stopped running on it (M:N). The tick is missed for it, unless
+         * the timer repeats its stack at the next (see timer_main). */
+        if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&target->handled, 1, memory_order_release);
+        strobe_profile_add_missed(1);
+        goto out;
+    }
     if (!t) goto out; /* not a thread we sample */
     if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }
 
@@ -520,7 +572,8 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         /* Native frames on a thread not set up for libunwind's fast path:
          * the postponed job sets it up on this thread, at its next safe
          * point (sample_job). */
-        if (S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed)) trigger_sample_job();
+        if (S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed) && !atomic_load(&t->mobile))
+            trigger_sample_job();
     }
     if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
     if (S.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
@@ -556,26 +609,49 @@ record_repeats(void *arg)
     }
 }
 
+/* Signals native thread tid for entry t, naming t in the signal's value
+ * (rt_tgsigqueueinfo): under M:N the Ruby thread on tid may have changed
+ * by the time the handler runs, which it can then tell (signal_target). */
 static void
-send_signal(const strobe_thread_t *t)
+send_signal(const strobe_thread_t *t, pid_t tid)
 {
     atomic_fetch_add_explicit(&S.signals_sent, 1, memory_order_relaxed);
-    syscall(SYS_tgkill, (long)getpid(), (long)t->tid, (long)STROBE_SIGNAL);
+    siginfo_t si;
+    memset(&si, 0, sizeof(si));
+    si.si_signo = STROBE_SIGNAL;
+    si.si_code = SI_QUEUE;
+    si.si_pid = S.pid;
+    si.si_uid = S.uid;
+    si.si_value.sival_int = (int)(t->index | (strobe_threads_generation() & 0x7fff) << 16);
+    syscall(SYS_rt_tgsigqueueinfo, (long)S.pid, (long)tid, (long)STROBE_SIGNAL, &si);
 }
 
 /* The timer thread's request for a sample of thread t: a signal, or
  * without signals (safepoint_timer) a sample owed at the next safe point,
  * for the postponed job the tick triggers. Returns whether a job is
- * needed. A sample still owed from the tick before is lost (missed). */
+ * needed. A sample still owed from the tick before is lost (missed), and
+ * so is one for a thread on no native thread of its own now (M:N). */
 static int
 ask_for_sample(strobe_thread_t *t)
 {
     if (!S.safepoint_timer) {
-        send_signal(t);
+        pid_t tid = strobe_placement_tid(t, 100);
+        if (tid) send_signal(t, tid);
+        else strobe_profile_add_missed(1);
         return 0;
     }
     if (atomic_exchange(&t->deferred, 1)) strobe_profile_add_missed(1);
     return 1;
+}
+
+/* Timer thread: whether t is on no native thread now, or (a thread M:N may
+ * move) not running on it, so that no signal can read its stack; it has
+ * not changed since the thread last ran Ruby code. */
+static int
+parked(const strobe_thread_t *t)
+{
+    if (strobe_placement_tid(t, 100) == 0) return 1;
+    return atomic_load(&t->mobile) && atomic_load(&t->gvl_state) != STROBE_STATE_RUNNING;
 }
 
 static void *
@@ -618,10 +694,16 @@ timer_main(void *arg)
             if (atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
             if (atomic_load_explicit(&t->not_ruby, memory_order_relaxed)) continue;
             live++;
-            int64_t cpu = strobe_clock_ns(t->cpu_clock);
+            /* Its CPU time, wherever it runs (placement.c). */
+            int64_t cpu = strobe_placement_cpu_ns(t, 100);
             if (cpu < 0) continue; /* thread is gone */
             if (S.mode == STROBE_MODE_CPU) {
                 if (cpu - t->cpu_last_ns < interval_ns) continue;
+                /* An M:N thread using CPU without the GVL (C code in a
+                 * blocking region) cannot be read by a signal: its Ruby
+                 * stack has not changed since it released the GVL, so that
+                 * stack is recorded again, as for idle threads below. */
+                int repeat = parked(t) && strobe_capture_drained(t->last_seq);
                 /* Carry the remainder so the rate matches the interval, but
                  * never owe more than one more sample: CPU intervals the
                  * timer was too late for (a loaded machine) are counted
@@ -630,6 +712,10 @@ timer_main(void *arg)
                 if (cpu - t->cpu_last_ns > interval_ns) {
                     strobe_profile_add_missed((uint64_t)((cpu - interval_ns - t->cpu_last_ns) / interval_ns));
                     t->cpu_last_ns = cpu - interval_ns;
+                }
+                if (repeat) {
+                    idle_threads[idle_len++] = t;
+                    continue;
                 }
             } else {
                 uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
@@ -641,10 +727,12 @@ timer_main(void *arg)
                     continue;
                 }
                 /* Its stack was the same twice and it has used (almost) no
-                 * CPU since: it has not run, so its stack is unchanged.
-                 * Record that stack again instead of interrupting it. */
+                 * CPU since, or another Ruby thread runs on its native
+                 * thread now (M:N): it has not run, so its stack is
+                 * unchanged. Record that stack again instead of
+                 * interrupting it. */
                 int64_t idle = atomic_load(&t->idle_cpu_ns);
-                if (idle >= 0 && cpu - idle < idle_ns && strobe_capture_drained(t->last_seq)) {
+                if ((parked(t) || (idle >= 0 && cpu - idle < idle_ns)) && strobe_capture_drained(t->last_seq)) {
                     idle_threads[idle_len++] = t;
                     continue;
                 }
@@ -803,6 +891,21 @@ newobj_hook(VALUE tpval, void *data)
 
 /* ---- public ------------------------------------------------------------------- */
 
+/* The JIT compiler that is on (RubyVM::YJIT or, Ruby 4.0+, RubyVM::ZJIT),
+ * for the result's jit key: STROBE_JIT_*. */
+static int
+jit_enabled(void)
+{
+    VALUE vm = rb_const_get(rb_cObject, rb_intern("RubyVM"));
+    static const char *const names[] = { "YJIT", "ZJIT" };
+    for (int i = 0; i < 2; i++) {
+        ID name = rb_intern(names[i]);
+        if (rb_const_defined(vm, name) && RTEST(rb_funcall(rb_const_get(vm, name), rb_intern("enabled?"), 0)))
+            return i == 0 ? STROBE_JIT_YJIT : STROBE_JIT_ZJIT;
+    }
+    return STROBE_JIT_NONE;
+}
+
 /* Whether YJIT is on in a Ruby whose rb_profile_frames cannot read a thread
  * in JIT code (before 3.3; see the top of this file). The one place a Ruby
  * version decides something: this is a property of the VM, not of an API
@@ -829,7 +932,11 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
         return "native: true takes native stacks in the signal handler: it needs mode :wall or :cpu with timer signals";
 
     S.mode = mode;
+    S.pid = getpid();
+    S.uid = getuid();
     S.defer_running = jit_frames_unsafe();
+    int jit = jit_enabled();
+    if (jit > strobe_profile.jit) strobe_profile.jit = jit; /* rounds: the JIT any of them ran with */
     S.interval = interval;
     S.only = only;
     atomic_store(&S.signals_sent, 0);
@@ -1037,6 +1144,7 @@ static void
 atfork_child(void)
 {
     unlock_after_fork(1); /* this thread took both locks; it is the one left */
+    strobe_placement_forget_tid();
     gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
     atomic_store(&S.running, 0);
@@ -1085,6 +1193,7 @@ strobe_sampler_init(void)
     S.excluded = Qnil;
     S.child_fd = S.null_fd = -1;
     atomic_store(&S.vm_alive, 1);
+    strobe_threads_init();
 #ifdef HAVE_RB_POSTPONED_JOB_PREREGISTER
     S.job = rb_postponed_job_preregister(0, drain_job, NULL);
     S.sample_job = rb_postponed_job_preregister(0, sample_job, NULL);

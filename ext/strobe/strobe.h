@@ -24,6 +24,12 @@
 #include <time.h>
 #include <signal.h>
 
+/* A build that proves the old postponed-job API is not used (extconf.rb,
+ * STROBE_MODERN_API_ONLY): Ruby 4.1 removes it. */
+#ifdef STROBE_POISON_LEGACY_POSTPONED_JOB
+#pragma GCC poison rb_postponed_job_register rb_postponed_job_register_one
+#endif
+
 /* Deepest stack recorded; deeper stacks keep their innermost frames. */
 #define STROBE_MAX_DEPTH 1024
 /* Stack buffers hold one more: a capture that fills them was deeper than
@@ -135,8 +141,15 @@ enum { STROBE_THREAD_FREE = 0, STROBE_THREAD_CLAIMED, STROBE_THREAD_LIVE, STROBE
 typedef struct {
     atomic_int state;        /* FREE / CLAIMED / LIVE / DEAD, see threads.c */
     /* From here to scratch_frames is zeroed when an entry is (re)used. */
-    pid_t tid;               /* kernel thread id: signals and CPU clock */
-    clockid_t cpu_clock;     /* the thread's CPU-time clock */
+    /* Placement (placement.c): where the Ruby thread runs, its CPU time. */
+    _Atomic pid_t tid;       /* native thread it runs on or last ran on, 0 none yet */
+    atomic_int attached;     /* that native thread's CPU clock still counts for it */
+    _Atomic int64_t cpu_base_ns;   /* CPU used before it got there */
+    _Atomic int64_t cpu_attach_ns; /* that native thread's CPU clock when it got there */
+    atomic_uint place_seq;   /* odd while a placement is being written */
+    atomic_int place_lock;   /* orders placement writers */
+    atomic_int shared;       /* it shares native threads with other Ruby threads (M:N) */
+    atomic_int mobile;       /* Ruby schedules it M:N: it may move between native threads */
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
@@ -203,8 +216,44 @@ strobe_now_us(void)
     return strobe_clock_ns(CLOCK_MONOTONIC) / 1000;
 }
 
+/* ---- placement.c: where a Ruby thread runs, its CPU time --------------- */
+
+/* The CPU-time clock of a native thread of this process, by kernel tid. */
+clockid_t strobe_thread_cpu_clock(pid_t tid);
+/* The calling native thread's kernel tid (cached; async-signal-safe). */
+pid_t strobe_placement_self_tid(void);
+/* fork child: the cached tid is the parent's. */
+void strobe_placement_forget_tid(void);
+/* Registration (entry CLAIMED): placed on tid (0: not on a native thread);
+ * mobile: Ruby schedules it M:N. */
+void strobe_placement_init(strobe_thread_t *t, pid_t tid, int mobile);
+/* At Init: whether Ruby runs the main Ractor's threads M:N (RUBY_MN_THREADS). */
+void strobe_placement_init_process(void);
+extern int strobe_mn_threads;
+/* Async-signal-safe: the LIVE thread placed on native thread tid and
+ * running there (if M:N may move it), or NULL. */
+strobe_thread_t *strobe_placement_find(pid_t tid);
+/* Async-signal-safe: t's CPU time in ns, -1 if it cannot be read now (a
+ * write in progress after tries attempts, or its native thread gone). */
+int64_t strobe_placement_cpu_ns(const strobe_thread_t *t, int tries);
+/* Async-signal-safe: the tid t runs on, 0 if it is not running there (or
+ * a write was in progress after tries attempts). */
+pid_t strobe_placement_tid(const strobe_thread_t *t, int tries);
+/* GVL RESUMED hook, on the native thread about to run t: t is here now. */
+void strobe_placement_resumed(strobe_thread_t *t);
+/* t is now on native thread tid: any other thread attached there leaves
+ * it (CPU time frozen), and both are marked shared. */
+void strobe_placement_detach_others(strobe_thread_t *t, pid_t tid);
+
 /* ---- threads.c: the registry ------------------------------------------- */
 
+/* Ruby 3.3+: threads are found by the Ruby Thread, through the data Ruby
+ * keeps per thread for profilers, not by the native thread they run on. */
+#ifdef HAVE_RB_INTERNAL_THREAD_SPECIFIC_GET
+#define STROBE_FOLLOWS_RUBY_THREADS 1
+#endif
+/* At Init: the thread-specific key, where Ruby has them. */
+void strobe_threads_init(void);
 void strobe_threads_reset(void);
 pid_t strobe_gettid(void);
 /* GVL held: the LIVE entry for tid, adding one in the given state;
@@ -213,7 +262,9 @@ strobe_thread_t *strobe_threads_add(pid_t tid, VALUE thread, int state);
 strobe_thread_t *strobe_threads_find(pid_t tid);
 /* Lock-free (no GVL needed): the LIVE entry of the Ruby Thread, or NULL. */
 strobe_thread_t *strobe_threads_of(VALUE thread);
-/* Async-signal-safe: the calling thread's LIVE entry, or NULL. */
+/* The calling thread's LIVE entry, or NULL. Async-signal-safe before Ruby
+ * 3.3; with STROBE_FOLLOWS_RUBY_THREADS it asks Ruby for the current thread
+ * and must not be called from the handler. */
 strobe_thread_t *strobe_threads_self(void);
 void strobe_threads_end(strobe_thread_t *t);
 /* Registry lock held: free DEAD entries whose kernel thread is gone and
@@ -222,6 +273,8 @@ void strobe_threads_reclaim(void);
 /* Held by the timer thread for a tick, and by strobe_threads_add(). */
 void strobe_threads_lock(void);
 void strobe_threads_unlock(void);
+/* Async-signal-safe: bumped by every reset (a new round's entries). */
+unsigned strobe_threads_generation(void);
 int strobe_threads_len(void);
 strobe_thread_t *strobe_threads_at(int index);
 int strobe_threads_live(void);
@@ -357,8 +410,15 @@ typedef struct strobe_chunk {
     strobe_sample_t samples[STROBE_CHUNK_SAMPLES];
 } strobe_chunk_t;
 
+enum { STROBE_JIT_NONE = 0, STROBE_JIT_YJIT, STROBE_JIT_ZJIT };
+
+/* Result ids of threads that share native threads (M:N) start here: above
+ * Linux's largest possible tid (PID_MAX_LIMIT, 2^22), so never a tid. */
+#define STROBE_SHARED_THREAD_ID_BASE 4194304
+
 typedef struct {
-    pid_t tid;
+    pid_t tid;               /* kernel thread it was first sampled on */
+    int shared;              /* it shares native threads (M:N): tid is not its own */
     VALUE thread;            /* Ruby Thread while it runs (marked), else Qnil */
     VALUE name;              /* its name, taken when it ended (marked) */
     uint64_t samples;
@@ -396,6 +456,7 @@ typedef struct {
     int prev_lines[STROBE_PATH_CAPA];
     int prev_depth;
     int native;              /* some round captured native frames */
+    int jit;                 /* STROBE_JIT_*: the JIT on when a round started */
     uint64_t native_incomplete; /* native stacks that did not reach the interpreter */
 } strobe_profile_t;
 

@@ -22,10 +22,16 @@
  * for a whole tick) against strobe_threads_add(), which rewrites an entry's
  * fields; lock order is registry, then profile. Handlers take no lock.
  *
- * Signal safety: strobe_threads_self() is async-signal-safe. It reads an
- * initial-exec thread-local pointer (a fixed offset from the thread pointer)
- * checked against the generation, and on a miss scans the array for the
- * caller's kernel tid.
+ * Identity: before Ruby 3.3 a thread is its kernel thread: an entry is
+ * found by tid, and strobe_threads_self() (async-signal-safe) reads an
+ * initial-exec thread-local pointer checked against the generation, and on
+ * a miss scans the array for the caller's kernel tid. Ruby 3.3+ may run a
+ * Ruby thread on any native thread (M:N), so there an entry is found by its
+ * Ruby Thread, through the pointer Ruby keeps per thread for profilers
+ * (rb_internal_thread_specific_*); strobe_threads_self() then asks Ruby for
+ * the current thread and needs the GVL (the handler finds its entry from
+ * the signal instead, see sampler.c). Where a thread runs and its CPU time
+ * are its placement (placement.c).
  */
 #include "strobe.h"
 #include <errno.h>
@@ -34,34 +40,27 @@
 #include <sys/syscall.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ruby/thread.h>
 
 static strobe_thread_t entries[STROBE_MAX_THREADS];
 static atomic_int entries_len;      /* entries[0, len) have ever been used */
 static atomic_uint generation;
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static atomic_uint version;
+#ifndef STROBE_FOLLOWS_RUBY_THREADS
 static __thread strobe_thread_t *self_entry __attribute__((tls_model("initial-exec")));
 static __thread unsigned self_generation __attribute__((tls_model("initial-exec")));
 /* A thread that is not registered (not profiled, or not yet) remembers the
  * registry version it found itself missing from, so the GVL hook and the
  * handler do not rescan on every call until something is added. */
-static atomic_uint version;
 static __thread unsigned self_missed_version __attribute__((tls_model("initial-exec")));
+#endif
 
 pid_t
 strobe_gettid(void)
 {
     return (pid_t)syscall(SYS_gettid);
-}
-
-/* The CPU-time clock of any thread of this process, from its kernel tid:
- * the Linux clock id encoding (include/linux/posix-timers.h) that
- * pthread_getcpuclockid() also returns: ~tid << 3 | CPUCLOCK_PERTHREAD |
- * CPUCLOCK_SCHED. Computed unsigned to avoid shifting a negative value. */
-static clockid_t
-thread_cpu_clock(pid_t tid)
-{
-    return (clockid_t)((~(uint32_t)tid << 3) | 6u);
 }
 
 void
@@ -108,6 +107,41 @@ strobe_threads_find(pid_t tid)
     return find_live(tid, Qundef);
 }
 
+#ifdef STROBE_FOLLOWS_RUBY_THREADS
+/* Ruby 3.3+: each Ruby Thread carries a pointer to its entry in the slot
+ * Ruby keeps for profilers (rb_internal_thread_specific_*, async-signal-
+ * safe), so a thread is found by what it is, wherever it runs (M:N). The
+ * pointer is checked against the entry, which may have been reused. */
+static rb_internal_thread_specific_key_t entry_key = -1;
+
+void
+strobe_threads_init(void)
+{
+    entry_key = rb_internal_thread_specific_key_create();
+    strobe_placement_init_process();
+}
+
+strobe_thread_t *
+strobe_threads_of(VALUE thread)
+{
+    strobe_thread_t *t = rb_internal_thread_specific_get(thread, entry_key);
+    if (t && atomic_load_explicit(&t->state, memory_order_acquire) == STROBE_THREAD_LIVE && t->thread == thread) return t;
+    return NULL;
+}
+
+strobe_thread_t *
+strobe_threads_self(void)
+{
+    /* The Ruby thread this native thread runs now, if it runs one. */
+    if (!ruby_native_thread_p()) return NULL;
+    return strobe_threads_of(rb_thread_current());
+}
+#else
+void
+strobe_threads_init(void)
+{
+}
+
 strobe_thread_t *
 strobe_threads_of(VALUE thread)
 {
@@ -132,6 +166,7 @@ strobe_threads_self(void)
     }
     return t;
 }
+#endif
 
 /* A DEAD entry may be reused: all it captured has been drained, and its
  * kernel thread is tid (the same native thread running a new Thread) or
@@ -140,7 +175,10 @@ static int
 reusable(strobe_thread_t *t, pid_t tid)
 {
     if (atomic_load(&t->state) != STROBE_THREAD_DEAD || !strobe_capture_drained(t->last_seq)) return 0;
-    if (t->tid == tid) return 1;
+#ifdef STROBE_FOLLOWS_RUBY_THREADS
+    return 1; /* no thread-local pointer names it (strobe_threads_of checks) */
+#endif
+    if (t->tid == tid || t->tid == 0) return 1;
     return syscall(SYS_tgkill, (long)getpid(), (long)t->tid, 0L) != 0 && errno == ESRCH;
 }
 
@@ -166,16 +204,22 @@ claim(pid_t tid)
 strobe_thread_t *
 strobe_threads_add(pid_t tid, VALUE thread, int state)
 {
-    strobe_thread_t *t = strobe_threads_find(tid);
-    if (t && t->thread == thread) {
+    strobe_thread_t *t = strobe_threads_of(thread);
+    if (t) {
         atomic_store(&t->not_ruby, 0);
         return t;
     }
-    /* Another Thread on the same kernel thread: the one registered ended
-     * without THREAD_END (Ruby 3.1 fires it only for a normal return, not
-     * for a thread that raised or was killed) and Ruby's thread cache ran
-     * this one on its native thread. It gets an entry of its own. */
-    if (t) strobe_threads_end(t);
+    /* Other Threads registered on the same kernel thread: one that has
+     * ended did so without THREAD_END (Ruby 3.1 fires it only for a normal
+     * return, not for a thread that raised or was killed) and Ruby's thread
+     * cache runs this one on its native thread; it is retired. One still
+     * alive shares the native thread with this one (M:N, Ruby 3.3+). */
+    int n = atomic_load(&entries_len);
+    ID alive = rb_intern("alive?");
+    for (int i = 0; i < n && tid != 0; i++)
+        if (atomic_load(&entries[i].state) == STROBE_THREAD_LIVE && entries[i].tid == tid &&
+            !RTEST(rb_funcall(entries[i].thread, alive, 0)))
+            strobe_threads_end(&entries[i]);
     pthread_mutex_lock(&registry_lock);
     t = claim(tid);
     if (!t) {
@@ -186,21 +230,27 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
      * off by the lock, and only the GVL holder adds. */
     memset((char *)t + offsetof(strobe_thread_t, tid), 0,
            offsetof(strobe_thread_t, scratch_frames) - offsetof(strobe_thread_t, tid));
-    t->tid = tid;
-    t->cpu_clock = thread_cpu_clock(tid);
+    /* M:N (Ruby 3.3+, RUBY_MN_THREADS): every thread but the main one. */
+    strobe_placement_init(t, tid, strobe_mn_threads && thread != rb_thread_main());
     t->index = (uint16_t)(t - entries);
     t->thread = thread;
     t->last_seq = -1;
     t->profile_index = -1;
     atomic_store(&t->idle_cpu_ns, -1);
     atomic_store(&t->gvl_state, (uint8_t)state);
-    int64_t cpu = strobe_clock_ns(t->cpu_clock);
+    int64_t cpu = strobe_placement_cpu_ns(t, 1);
     if (cpu >= 0) t->cpu_last_ns = cpu;
     atomic_store_explicit(&t->state, STROBE_THREAD_LIVE, memory_order_release);
     if (t->index == atomic_load(&entries_len))
         atomic_store_explicit(&entries_len, t->index + 1, memory_order_release);
     atomic_fetch_add(&version, 1);
     pthread_mutex_unlock(&registry_lock);
+#ifdef STROBE_FOLLOWS_RUBY_THREADS
+    rb_internal_thread_specific_set(thread, entry_key, t);
+#endif
+    /* Another live Thread attached to the same native thread: it shares it
+     * (M:N); its CPU clock stops counting for it here. */
+    strobe_placement_detach_others(t, tid);
     return t;
 }
 
@@ -212,7 +262,7 @@ strobe_threads_reclaim(void)
         strobe_thread_t *t = &entries[i];
         /* A thread that ended without THREAD_END (see strobe_threads_add),
          * once its native thread has left Ruby's cache too. */
-        if (atomic_load(&t->state) == STROBE_THREAD_LIVE && atomic_load(&t->not_ruby) &&
+        if (atomic_load(&t->state) == STROBE_THREAD_LIVE && atomic_load(&t->not_ruby) && t->tid != 0 &&
             syscall(SYS_tgkill, (long)getpid(), (long)t->tid, 0L) != 0 && errno == ESRCH)
             strobe_threads_end(t);
         if (atomic_load(&t->state) == STROBE_THREAD_DEAD && reusable(t, 0))
@@ -225,6 +275,12 @@ strobe_threads_end(strobe_thread_t *t)
 {
     int expected = STROBE_THREAD_LIVE;
     atomic_compare_exchange_strong(&t->state, &expected, STROBE_THREAD_DEAD);
+}
+
+unsigned
+strobe_threads_generation(void)
+{
+    return atomic_load(&generation);
 }
 
 int

@@ -200,6 +200,7 @@ module Strobe
     def encode_thread(id, info)
       out = { id: id, name: info[:name], samples: info[:samples] }
       out[:main] = true if info[:main]
+      out[:mn] = true if info[:mn]
       out[:states] = info[:states] if info[:states]
       # a trace's per-thread methods: [frame id, calls, total_time, self_time]
       out[:calls] = info[:calls] if info.key?(:calls)
@@ -282,6 +283,7 @@ module Strobe
       end
       header[:native] = true if doc[:native] == true
       header[:clock] = doc[:clock].to_sym if %w[wall cpu].include?(doc[:clock])
+      header[:jit] = doc[:jit].to_sym if %w[yjit zjit].include?(doc[:jit])
       header
     end
 
@@ -292,6 +294,7 @@ module Strobe
 
       info = { name: thread[:name], samples: count(thread[:samples], "#{name}: a thread's samples") }
       info[:main] = true if thread[:main] == true
+      info[:mn] = true if thread[:mn] == true
       info[:calls] = count(thread[:calls], "#{name}: a thread's calls") if thread.key?(:calls)
       if thread[:frames]
         raise ProfileError, "#{name}: a thread's frames are not a list" unless thread[:frames].is_a?(Array)

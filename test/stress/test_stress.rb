@@ -11,12 +11,20 @@ require_relative "scenarios"
 class TestStress < Minitest::Test
   ROUNDS = Integer(ENV.fetch("STRESS_ROUNDS", "2"))
   TIMEOUT = 120
+  # STRESS_RUBY_ARGS="--zjit": every scenario under that JIT (or other
+  # Ruby options); a scenario that picks its own JIT is left out then.
+  RUBY_ARGS = ENV.fetch("STRESS_RUBY_ARGS", "").split
+  JIT = /\A--(yjit|zjit)/
 
   def run_scenario(name, spec)
+    ruby_args = spec.fetch(:ruby_args, [])
+    if ruby_args.any?(JIT) && RUBY_ARGS.any?(JIT)
+      skip "#{name} picks its own JIT (#{ruby_args.join(' ')}); STRESS_RUBY_ARGS is #{RUBY_ARGS.join(' ')}"
+    end
     Dir.mktmpdir("strobe-stress") do |dir|
       out_path = File.join(dir, "#{name}.json")
       code = StressScenarios::PRELUDE + spec.fetch(:code)
-      out, err, status = run_command({ "STRESS_OUT" => out_path }, RbConfig.ruby, *spec.fetch(:ruby_args, []),
+      out, err, status = run_command({ "STRESS_OUT" => out_path }, RbConfig.ruby, *RUBY_ARGS, *ruby_args,
                                      "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code, timeout: TIMEOUT)
       context = "#{name}: #{status.inspect}\nstdout: #{out[0, 500]}\nstderr: #{err[0, 2000]}"
       refute status.signaled?, "killed by a signal: #{context}"
