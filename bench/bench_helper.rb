@@ -95,6 +95,25 @@ module Bench
     results
   end
 
+  # Runs `ruby script --child *args` under valgrind's callgrind in dir (name
+  # tells its files apart): [its callgrind output file, what it printed].
+  def callgrind(script, dir, name, *args)
+    require "rbconfig"
+    out = File.join(dir, "callgrind.#{name}.out")
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=#{out}", "--log-file=#{out}.log", RbConfig.ruby,
+           "-I#{File.expand_path('../lib', __dir__)}", script, "--child", *args.map(&:to_s)]
+    printed = IO.popen(cmd, &:read)
+    raise "valgrind failed (#{cmd.join(' ')}); see #{out}.log" unless $?.success?
+
+    [out, printed]
+  end
+
+  # The whole process's instructions in a callgrind output file.
+  def callgrind_total(out)
+    line = File.foreach(out).find { |l| l.start_with?("summary:", "totals:") } or raise "no totals in #{out}"
+    Integer(line.split[1])
+  end
+
   def header(title, io: $stdout)
     io.puts
     io.puts title

@@ -88,13 +88,7 @@ module NativeBench
   # [instructions of target's sampling functions, samples, native frames]
   # of a child under callgrind.
   def callgrind(dir, target, n)
-    out = File.join(dir, "callgrind.#{target}.#{n}.out")
-    log = File.join(dir, "valgrind.#{target}.#{n}.log")
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=#{out}", "--log-file=#{log}", RbConfig.ruby,
-           "-I#{File.expand_path('../lib', __dir__)}", __FILE__, "--child", target.to_s, n.to_s]
-    printed = IO.popen(cmd, &:read)
-    raise "valgrind failed (#{cmd.join(' ')}); see #{log}" unless $?.success?
-
+    out, printed = Bench.callgrind(__FILE__, dir, "#{target}.#{n}", target, n)
     [sampling_ir(out, FUNCTIONS.fetch(target)), *printed.split.map { |v| Integer(v) }]
   end
 

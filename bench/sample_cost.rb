@@ -210,14 +210,8 @@ module SampleCost
 
   # Runs the child under callgrind and returns its total instruction count.
   def callgrind_ir(dir, target, variant, pad, n)
-    out = File.join(dir, "callgrind.#{target}.#{variant}.#{pad}.out")
-    log = File.join(dir, "valgrind.#{target}.#{variant}.#{pad}.log")
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=#{out}", "--log-file=#{log}",
-           RbConfig.ruby, "-I#{File.expand_path('../lib', __dir__)}", __FILE__,
-           "--child", target.to_s, variant.to_s, pad.to_s, n.to_s]
-    system(*cmd, out: File::NULL) or raise "valgrind failed (#{cmd.join(' ')}); see #{log}"
-    line = File.foreach(out).find { |l| l.start_with?("summary:", "totals:") } or raise "no totals in #{out}"
-    Integer(line.split[1])
+    out, = Bench.callgrind(__FILE__, dir, "#{target}.#{variant}.#{pad}", target, variant, pad, n)
+    Bench.callgrind_total(out)
   end
 
   def callgrind
