@@ -11,12 +11,13 @@ require "json"
 # child started with RUBY_MN_THREADS=1 (Ruby reads it at boot), and once
 # without it, where the same work must give the same split.
 class TestMNThreads < Minitest::Test
-  # Four threads doing 40/30/20/10 % of a fixed amount of work (their CPU
-  # time cannot be read from Ruby under M:N: the thread CPU clock is the
-  # native thread's). Prints, as JSON, each worker's share of the samples
-  # (of its running samples in :wall, where waiting for the GVL counts too),
-  # whether two workers ran on one native thread (as Ruby reports it), the
-  # workers' names and the result's thread ids.
+  # Four threads splitting 40/30/20/10: in :cpu, a fixed amount of work
+  # (their CPU time cannot be read from Ruby under M:N: the thread CPU clock
+  # is the native thread's); in :wall, sleeping for 0.4/0.3/0.2/0.1 s, which
+  # under M:N no signal can read (their stacks are noted as they block).
+  # Prints, as JSON, each worker's share of the samples, whether two workers
+  # ran on one native thread (as Ruby reports it), the workers' names and
+  # the result's thread ids.
   SPLIT = <<~RUBY
     require "strobe"
     require "json"
@@ -33,7 +34,7 @@ class TestMNThreads < Minitest::Test
         Thread.new do
           Thread.current.name = "worker\#{i}"
           seen << [i, Thread.current.native_thread_id]
-          work(share * 2_000_000)
+          mode == :wall ? sleep(share * 0.1) : work(share * 2_000_000)
           seen << [i, Thread.current.native_thread_id]
         end
       end.each(&:join)
@@ -43,9 +44,8 @@ class TestMNThreads < Minitest::Test
     # Whether two workers ran on one native thread: M:N scheduling.
     shared = pairs.group_by(&:last).any? { |_, on| on.map(&:first).uniq.size > 1 }
     workers = result[:threads].values.select { |t| t[:name].to_s.start_with?("worker") }
-    count = mode == :wall ? ->(t) { t.dig(:states, :running) || t[:samples] } : ->(t) { t[:samples] }
-    total = workers.sum(&count)
-    puts JSON.generate(shares: workers.to_h { |t| [t[:name], 100.0 * count.(t) / total] }, shared: shared,
+    total = workers.sum { |t| t[:samples] }
+    puts JSON.generate(shares: workers.to_h { |t| [t[:name], 100.0 * t[:samples] / total] }, shared: shared,
                        names: workers.map { |t| t[:name] }, ids: result[:threads].keys)
   RUBY
 
@@ -56,7 +56,7 @@ class TestMNThreads < Minitest::Test
 
   def split(mode, mn:)
     out, err, status = run_ruby(SPLIT, env: { "RUBY_MN_THREADS" => mn ? "1" : nil }, timeout: 120, args: [mode.to_s])
-    assert status.success?, err
+    assert status.success?, "#{status.inspect}: #{err}"
     JSON.parse(out.lines.last, symbolize_names: true)
   end
 
@@ -85,6 +85,143 @@ class TestMNThreads < Minitest::Test
       report = split(mode, mn: false)
       refute report[:shared], "without M:N each thread has a native thread of its own"
       assert_split(report)
+    end
+  end
+
+  # Runs code in a child with RUBY_MN_THREADS=1 (or, mn: false, without
+  # it); the last line it prints, parsed as JSON.
+  def child_report(code, mn: true, args: [])
+    out, err, status = run_ruby("require 'json'\n#{code}", env: { "RUBY_MN_THREADS" => mn ? "1" : nil }, args: args,
+                                                           timeout: 120)
+    assert status.success?, err
+    JSON.parse(out.lines.last, symbolize_names: true)
+  end
+
+  # An M:N thread that blocks gives up its native thread: no signal can read
+  # it then. Its time blocked must still be charged to where it blocked (a
+  # stack noted as it left the GVL), as without M:N: here 400 ms in sleep,
+  # about 340 ms in Queue#pop and 160 ms computing.
+  BLOCKS = <<~RUBY
+    require "strobe"
+    def work(n) = (x = 0; n.times { |i| x += i & 7 }; x)
+    def computes
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      work(10_000) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 0.08
+    end
+    def sleeps = sleep(0.4)
+    def pops(q) = q.pop
+    r = Strobe.run(mode: :wall, interval: 1000) do
+      q = Queue.new
+      a = Thread.new { Thread.current.name = "A"; computes; sleeps; computes; pops(q) }
+      sleep 0.9
+      q << 1
+      a.join
+    end
+    total = ->(name) { r[:frames].values.find { |f| f[:name] == name }&.dig(:total_samples).to_i }
+    thread = r[:threads].values.find { |t| t[:name] == "A" }
+    puts JSON.generate(samples: thread[:samples], computes: total.("Object#computes"), sleeps: total.("Object#sleeps"),
+                       pops: total.("Object#pops"))
+  RUBY
+
+  def test_blocked_time_is_charged_to_where_a_thread_blocked
+    [true, false].each do |mn|
+      report = child_report(BLOCKS, mn: mn)
+      assert_operator report[:sleeps], :>=, 300, "mn: #{mn}: #{report}"
+      assert_operator report[:pops], :>=, 200, "mn: #{mn}: #{report}"
+      assert_operator report[:computes], :<, report[:samples] / 3, "mn: #{mn}: #{report}"
+    end
+  end
+
+  # Threads blocked since before profiling started (a pool waiting for
+  # work) are sampled at every tick from the first, M:N or not.
+  def test_threads_blocked_since_before_start_are_sampled
+    code = <<~RUBY
+      require "strobe"
+      q = Queue.new
+      pool = Array.new(8) { |i| Thread.new { Thread.current.name = "idle\#{i}"; q.pop } }
+      sleep 0.05
+      r = Strobe.run(mode: :wall, interval: 1000) { sleep 0.5 }
+      8.times { q << 1 }
+      pool.each(&:join)
+      idle = r[:threads].values.select { |t| t[:name].to_s.start_with?("idle") }
+      puts JSON.generate(threads: idle.size, least: idle.map { |t| t[:samples] }.min)
+    RUBY
+    [true, false].each do |mn|
+      report = child_report(code, mn: mn)
+      assert_equal 8, report[:threads], "mn: #{mn}"
+      assert_operator report[:least], :>=, 300, "mn: #{mn}: every idle thread sampled most ticks: #{report}"
+    end
+  end
+
+  # CPU that other code uses on the native thread a profiled M:N thread
+  # left (an unprofiled thread, here) is not charged to the profiled one.
+  def test_cpu_of_other_threads_is_not_charged_to_a_blocked_thread
+    code = <<~RUBY
+      require "strobe"
+      def work(n) = (x = 0; n.times { |i| x += i & 7 }; x)
+      go = Queue.new
+      q = Queue.new
+      a = Thread.new { Thread.current.name = "A"; go.pop; work(1_000_000); q.pop }
+      b = Thread.new { go.pop; sleep 0.1; work(20_000_000) }
+      sleep 0.05
+      r = Strobe.run(mode: :cpu, interval: 1000, threads: [a]) { 2.times { go << 1 }; b.join }
+      q << 1
+      a.join
+      puts JSON.generate(samples: r[:threads].values.sum { |t| t[:samples] })
+    RUBY
+    # A's 1M iterations take some 25 ms of CPU; B's 20M, some 500 ms.
+    assert_operator child_report(code)[:samples], :<, 100
+  end
+
+  # Ruby reads RUBY_MN_THREADS as the process starts: a program that
+  # changes ENV before loading Strobe does not change how threads run.
+  def test_mn_threads_are_known_from_the_environment_the_process_started_with
+    code = <<~RUBY
+      ENV.delete("RUBY_MN_THREADS")
+      require "strobe"
+      r = Strobe.run(mode: :wall) { Thread.new { sleep 0.02 }.join }
+      puts JSON.generate(mn: r[:threads].values.count { |t| t[:mn] })
+    RUBY
+    assert_operator child_report(code)[:mn], :>=, 1
+  end
+
+  # In a child forked from a thread other than the main one, Ruby runs other
+  # threads on the main thread's native thread: its samples are still its own.
+  def test_a_child_forked_from_another_thread
+    code = <<~RUBY
+      require "strobe"
+      def work(n) = (x = 0; n.times { |i| x += i & 7 }; x)
+      def main_works = work(1_000_000)
+      def main_sleeps = sleep(0.3)
+      reader, writer = IO.pipe
+      Thread.new do
+        pid = fork do
+          reader.close
+          r = Strobe.run(mode: :wall, interval: 1000) do
+            q = Queue.new
+            w = Thread.new { q.pop }
+            sleep 0.05
+            main_works
+            main_sleeps
+            q << 1
+            w.join
+          end
+          main = r[:threads].values.find { |t| t[:main] }
+          total = ->(name) { r[:frames].values.find { |f| f[:name] == name }&.dig(:total_samples).to_i }
+          writer.puts JSON.generate(main: main[:samples], works: total.("Object#main_works"),
+                                    sleeps: total.("Object#main_sleeps"))
+          writer.close
+          exit!(0)
+        end
+        Process.wait(pid)
+      end.join
+      writer.close
+      puts reader.read
+    RUBY
+    [true, false].each do |mn|
+      report = child_report(code, mn: mn)
+      assert_operator report[:sleeps], :>=, 200, "mn: #{mn}: #{report}"
+      assert_operator report[:main], :>=, 250, "mn: #{mn}: #{report}"
     end
   end
 

@@ -12,6 +12,11 @@
  * consumer at a time) runs under the profile lock: on the timer thread while
  * it runs, else with the GVL held.
  *
+ * A capture may be a note instead of a sample (now_us STROBE_CAPTURE_NOTE):
+ * a slot with no times, whose stack the drain records as its thread's
+ * latest without counting it, for the timer to repeat (an M:N thread's
+ * stack as it leaves the GVL, see sampler.c).
+ *
  * Protocol: a producer captures into its thread's scratch buffer. If the
  * stack equals the one in its thread's newest undrained slot, it only
  * appends a timestamp there (so a thread stuck in one place costs one slot
@@ -123,7 +128,20 @@ strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, i
         *unchanged = fp != 0 && fp == t->last_fingerprint;
         t->last_fingerprint = fp;
     }
-    if (try_append(t, now_us)) return 1;
+    if (now_us == STROBE_CAPTURE_NOTE) {
+        /* The stack is already the newest undrained one: nothing to add. */
+        if (t->last_seq >= 0 && !strobe_capture_drained(t->last_seq)) {
+            strobe_slot_t *last = &ring[(uint64_t)t->last_seq % STROBE_RING_SLOTS];
+            int expected = STROBE_SLOT_READY, same = 0;
+            if (atomic_compare_exchange_strong(&last->state, &expected, STROBE_SLOT_WRITING)) {
+                same = last->seq == (uint64_t)t->last_seq && same_stack(last, t);
+                atomic_store_explicit(&last->state, STROBE_SLOT_READY, memory_order_release);
+            }
+            if (same) return 1;
+        }
+    } else if (try_append(t, now_us)) {
+        return 1;
+    }
 
     uint64_t seq = atomic_load(&write_seq);
     for (;;) {
@@ -138,7 +156,7 @@ strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, i
     slot->depth = t->scratch_depth;
     slot->gc_kind = t->scratch_gc_kind;
     slot->thread = t->index;
-    slot->n_times = 1;
+    slot->n_times = now_us == STROBE_CAPTURE_NOTE ? 0 : 1;
     slot->times[0] = now_us;
     slot->states[0] = atomic_load_explicit(&t->gvl_state, memory_order_relaxed);
     slot->gc_epoch = gc_epoch;

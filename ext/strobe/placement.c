@@ -3,38 +3,48 @@
  * how much CPU time the Ruby thread has used.
  *
  * A Ruby thread is not always a kernel thread. Under Ruby 3.3+'s M:N
- * scheduler (RUBY_MN_THREADS=1 for the main Ractor; other Ractors always)
- * Ruby threads take turns on shared native threads and move between them,
- * so a native thread's CPU clock is not a Ruby thread's, and the tid to
- * signal changes. Each registry entry therefore keeps its placement:
+ * scheduler (RUBY_MN_THREADS=1) Ruby threads take turns on shared native
+ * threads and move between them, so a native thread's CPU clock is not a
+ * Ruby thread's, and the tid to signal changes. Each registry entry keeps
+ * its placement:
  *   - tid: the native thread it runs on (or last ran on; 0 never seen);
- *   - attached: nobody else has run there since, so that native thread's
- *     CPU clock is still advancing for this Ruby thread;
+ *   - attached: that native thread's CPU clock counts for it now;
  *   - cpu_base_ns: CPU time it used before it got there;
  *   - cpu_attach_ns: that native thread's CPU clock when it got there.
  * Its CPU time is cpu_base_ns, plus (clock now - cpu_attach_ns) while
- * attached. A thread that keeps its native thread (every thread without
- * M:N) never moves, and this is just its kernel CPU clock.
+ * attached.
  *
- * Ruby reports every move: the GVL RESUMED event runs on the native thread
- * that is about to run the Ruby thread (strobe_placement_resumed). There a
- * thread found elsewhere is moved here, and any other thread still attached
- * here is detached (its CPU time frozen): both are then marked shared (M:N),
- * which the result reports. A thread resuming where it already is costs two
- * loads: the 1:1 case pays nothing more per GVL event.
+ * A thread Ruby schedules 1:1 keeps its native thread: it is attached from
+ * registration on and its CPU time is its kernel CPU clock, also in C code
+ * without the GVL. A *mobile* thread (Ruby schedules it M:N: every thread,
+ * the main one included, when RUBY_MN_THREADS was set as the process
+ * started; Ruby reads it at boot, so it is read from /proc/self/environ,
+ * not from ENV) is attached only while it holds the GVL: the GVL RESUMED
+ * hook, which runs on the native thread about to run it after its
+ * execution context is current, attaches it there
+ * (strobe_placement_resumed); SUSPENDED, on the same native thread before
+ * it switches away, detaches it and freezes its CPU time
+ * (strobe_placement_suspended). So whatever else runs on that native
+ * thread afterwards (another Ruby thread, an unprofiled one, another
+ * Ractor, Ruby's scheduler) is never charged to it, and "attached here"
+ * means "its frames are the ones current on this native thread". A mobile
+ * thread's CPU in C code without the GVL is not counted.
  *
- * Concurrency: placements are written from GVL hooks (on any native
- * thread, about any thread) and at registration (GVL held). Writers take a
- * per-entry spin lock and bump a sequence count around their stores; they
- * never hold two entries' locks at once. Readers (the timer thread, and the
- * signal handler) take no lock: they read between two equal even sequence
- * counts, retrying a bounded number of times. strobe_placement_cpu_ns and
- * strobe_placement_tid are async-signal-safe: a handler that interrupted a
- * writer on its own thread gets -1 / 0 rather than waiting.
+ * Concurrency: only a thread's own hooks (on the native thread it is on)
+ * and its registration (GVL held) write its placement. A per-entry spin
+ * lock orders writers anyway, and a sequence count lets readers (the timer
+ * thread, the signal handler) read without a lock: they read between two
+ * equal even counts, retrying a bounded number of times.
+ * strobe_placement_cpu_ns, strobe_placement_tid and strobe_placement_find
+ * are async-signal-safe: a handler that interrupted a writer on its own
+ * thread gets -1 / 0 rather than waiting.
  */
 #include "strobe.h"
+#include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 static __thread pid_t self_tid __attribute__((tls_model("initial-exec")));
 
@@ -111,15 +121,18 @@ cpu_now_locked(const strobe_thread_t *t)
 }
 
 void
-strobe_placement_init(strobe_thread_t *t, pid_t tid, int mobile)
+strobe_placement_init(strobe_thread_t *t, pid_t tid, int mobile, int running_here)
 {
-    /* CLAIMED: nobody else reads or writes it yet. */
+    /* CLAIMED: nobody else reads or writes it yet. A mobile thread is
+     * attached only while it runs here (it registers itself, holding the
+     * GVL); its CPU time counts from then. */
+    int attached = tid != 0 && (!mobile || running_here);
     atomic_store_explicit(&t->mobile, mobile, memory_order_relaxed);
     atomic_store_explicit(&t->tid, tid, memory_order_relaxed);
-    atomic_store_explicit(&t->attached, tid != 0, memory_order_relaxed);
+    atomic_store_explicit(&t->attached, attached, memory_order_relaxed);
     atomic_store_explicit(&t->cpu_base_ns, 0, memory_order_relaxed);
-    atomic_store_explicit(&t->cpu_attach_ns, 0, memory_order_relaxed);
-    atomic_store_explicit(&t->shared, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->cpu_attach_ns, mobile && attached ? strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) : 0,
+                          memory_order_relaxed);
     atomic_store_explicit(&t->place_lock, 0, memory_order_relaxed);
 }
 
@@ -141,41 +154,31 @@ strobe_placement_tid(const strobe_thread_t *t, int tries)
 }
 
 void
-strobe_placement_detach_others(strobe_thread_t *t, pid_t tid)
-{
-    if (tid == 0) return;
-    for (int i = 0, n = strobe_threads_len(); i < n; i++) {
-        strobe_thread_t *e = strobe_threads_at(i);
-        if (e == t || atomic_load_explicit(&e->state, memory_order_acquire) != STROBE_THREAD_LIVE ||
-            !atomic_load_explicit(&e->attached, memory_order_relaxed) ||
-            atomic_load_explicit(&e->tid, memory_order_relaxed) != tid)
-            continue;
-        write_begin(e);
-        if (atomic_load_explicit(&e->attached, memory_order_relaxed) &&
-            atomic_load_explicit(&e->tid, memory_order_relaxed) == tid) {
-            atomic_store_explicit(&e->cpu_base_ns, cpu_now_locked(e), memory_order_relaxed);
-            atomic_store_explicit(&e->attached, 0, memory_order_relaxed);
-        }
-        write_end(e);
-        atomic_store(&e->shared, 1);
-        atomic_store(&t->shared, 1);
-    }
-}
-
-void
 strobe_placement_resumed(strobe_thread_t *t)
 {
     pid_t me = strobe_placement_self_tid();
     if (atomic_load_explicit(&t->attached, memory_order_relaxed) &&
         atomic_load_explicit(&t->tid, memory_order_relaxed) == me)
-        return;
-    /* It moved here, or another Ruby thread ran here since it last did. */
-    strobe_placement_detach_others(t, me);
+        return; /* a 1:1 thread, always */
+    /* A mobile thread taking the GVL here, or a thread registered before
+     * Ruby placed it. */
     write_begin(t);
     atomic_store_explicit(&t->cpu_base_ns, cpu_now_locked(t), memory_order_relaxed);
     atomic_store_explicit(&t->cpu_attach_ns, strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID), memory_order_relaxed);
     atomic_store_explicit(&t->tid, me, memory_order_relaxed);
     atomic_store_explicit(&t->attached, 1, memory_order_relaxed);
+    write_end(t);
+}
+
+void
+strobe_placement_suspended(strobe_thread_t *t)
+{
+    if (!atomic_load_explicit(&t->mobile, memory_order_relaxed) ||
+        !atomic_load_explicit(&t->attached, memory_order_relaxed))
+        return;
+    write_begin(t);
+    atomic_store_explicit(&t->cpu_base_ns, cpu_now_locked(t), memory_order_relaxed);
+    atomic_store_explicit(&t->attached, 0, memory_order_relaxed);
     write_end(t);
 }
 
@@ -196,11 +199,38 @@ strobe_placement_find(pid_t tid)
 
 int strobe_mn_threads;
 
+/* RUBY_MN_THREADS as the process started (Ruby reads it at boot; ENV may
+ * have changed since): from /proc/self/environ (NUL-separated entries, read
+ * whole, up to 1 MB), else getenv. */
+static int
+boot_mn_threads(void)
+{
+    static const char name[] = "RUBY_MN_THREADS=";
+    const char *value = NULL;
+    size_t capa = 1 << 20, len = 0;
+    char *env = malloc(capa + 1);
+    int fd = env ? open("/proc/self/environ", O_RDONLY | O_CLOEXEC) : -1;
+    if (fd >= 0) {
+        ssize_t n;
+        while (len < capa && (n = read(fd, env + len, capa - len)) > 0) len += (size_t)n;
+        close(fd);
+        env[len] = '\0';
+        for (size_t at = 0; at < len; at += strlen(env + at) + 1)
+            if (strncmp(env + at, name, sizeof(name) - 1) == 0) value = env + at + sizeof(name) - 1;
+    } else {
+        value = getenv("RUBY_MN_THREADS");
+    }
+    int on = value && atoi(value) > 0;
+    free(env);
+    return on;
+}
+
 void
 strobe_placement_init_process(void)
 {
     /* As Ruby decides at boot (thread_pthread.c): RUBY_MN_THREADS > 0
-     * schedules the main Ractor's threads, all but the main thread, M:N. */
-    const char *mn = getenv("RUBY_MN_THREADS");
-    strobe_mn_threads = mn && atoi(mn) > 0;
+     * schedules the main Ractor's threads M:N. The main thread starts on a
+     * native thread of its own, but in a child forked from another thread
+     * others run on it too: every thread counts as mobile. */
+    strobe_mn_threads = boot_mn_threads();
 }

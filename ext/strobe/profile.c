@@ -135,7 +135,7 @@ strobe_profile_thread_index(pid_t tid, VALUE thread)
 {
     strobe_profile_t *p = &strobe_profile;
     for (int i = 0; i < p->threads_len; i++)
-        if (p->threads[i].thread == thread && (p->threads[i].tid == tid || (p->threads[i].shared && thread != Qnil)))
+        if (p->threads[i].thread == thread && (p->threads[i].tid == tid || (p->threads[i].mn && thread != Qnil)))
             return i;
     if (p->threads_len == STROBE_MAX_PROFILE_THREADS) return STROBE_MAX_PROFILE_THREADS - 1;
     if (p->threads_len == p->threads_capa) {
@@ -153,10 +153,11 @@ static int
 profile_thread(strobe_profile_t *p, strobe_thread_t *t)
 {
     if (!t) return strobe_profile_thread_index(0, Qnil);
-    if (t->profile_index < 0) t->profile_index = strobe_profile_thread_index(t->tid, t->thread);
-    /* A thread found to share native threads keeps one record, whatever
-     * native thread it is on (M:N). */
-    if (atomic_load_explicit(&t->shared, memory_order_relaxed)) p->threads[t->profile_index].shared = 1;
+    if (t->profile_index < 0) {
+        t->profile_index = strobe_profile_thread_index(t->tid, t->thread);
+        /* An M:N thread keeps one record, whatever native thread it is on. */
+        if (atomic_load_explicit(&t->mobile, memory_order_relaxed)) p->threads[t->profile_index].mn = 1;
+    }
     return t->profile_index;
 }
 
@@ -310,7 +311,7 @@ strobe_profile_record(strobe_thread_t *t, int gc_kind, const VALUE *frames, cons
     if (p->raw && n == 1) { /* the common case, one check the compiler folds */
         log_reserve(p, times[0], times[0], 1);
         log_store(p, node, times[0], (uint16_t)thread, states[0]);
-    } else if (p->raw) {
+    } else if (p->raw && n > 0) { /* n == 0: a note of the thread's stack, no sample */
         log_reserve(p, times[0], times[n - 1], n);
         for (uint32_t i = 0; i < n; i++) log_store(p, node, times[i], (uint16_t)thread, states[i]);
     }

@@ -369,23 +369,22 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     free(self);
 
     /* Keyed by kernel tid. A thread with no tid of its own gets an id from
-     * STROBE_SHARED_THREAD_ID_BASE up (never a tid): one that shared
-     * native threads with other Ruby threads (M:N; it also says mn: true),
-     * or one on a native thread an earlier thread of the profile ran on
-     * (Ruby's thread cache, or M:N threads taking turns). */
+     * STROBE_SHARED_THREAD_ID_BASE up (never a tid): one Ruby scheduled M:N
+     * (it also says mn: true), or one on a native thread an earlier thread
+     * of the profile ran on (Ruby 3.1's thread cache). */
     VALUE threads = rb_hash_new(), thread_ids = rb_ary_new_capa(p->threads_len);
     VALUE sym_name = strobe_sym("name"), sym_samples = strobe_sym("samples");
     for (int i = 0; i < p->threads_len; i++) {
-        int shared = p->threads[i].shared;
+        int mn = p->threads[i].mn;
         VALUE id = INT2NUM(p->threads[i].tid);
-        if (shared || rb_hash_lookup2(threads, id, Qundef) != Qundef) id = INT2NUM(STROBE_SHARED_THREAD_ID_BASE + i);
+        if (mn || rb_hash_lookup2(threads, id, Qundef) != Qundef) id = INT2NUM(STROBE_SHARED_THREAD_ID_BASE + i);
         VALUE info = rb_hash_lookup2(threads, id, Qundef);
         if (info == Qundef) {
             info = rb_hash_new();
             rb_hash_aset(info, sym_name, thread_name(&p->threads[i]));
             rb_hash_aset(info, sym_samples, INT2FIX(0));
             if (p->threads[i].thread == rb_thread_main()) rb_hash_aset(info, strobe_sym("main"), Qtrue);
-            if (shared) rb_hash_aset(info, strobe_sym("mn"), Qtrue);
+            if (mn) rb_hash_aset(info, strobe_sym("mn"), Qtrue);
             rb_hash_aset(threads, id, info);
         }
         hash_add(info, sym_samples, p->threads[i].samples);

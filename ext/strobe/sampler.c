@@ -182,6 +182,23 @@ current_entry(void)
     return t;
 }
 
+/* A note (not a sample) of thread t's stack, for the timer to repeat while
+ * t cannot be signalled: an M:N thread as it leaves the GVL (its own hook,
+ * thread Qfalse, on its native thread with its frames current), or one
+ * parked at start (thread its Ruby Thread, GVL held). Like the handler, it
+ * takes t's re-entry guard and reads nothing while GC runs. */
+#ifdef HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK /* M:N threads are Ruby 3.3+ */
+static void
+note_stack(strobe_thread_t *t, VALUE thread)
+{
+    if (atomic_exchange(&t->in_handler, 1)) return;
+    size_t gc_epoch = rb_gc_count();
+    atomic_thread_fence(memory_order_acquire);
+    if (!rb_during_gc()) strobe_capture(t, thread, STROBE_FRAME_RUBY, gc_epoch, STROBE_CAPTURE_NOTE, NULL, NULL);
+    atomic_store(&t->in_handler, 0);
+}
+#endif
+
 /* GVL held: registers every running thread that is profiled, by the kernel
  * tid Thread#native_thread_id reports (threads not started yet register
  * themselves when they begin, see thread_hook). */
@@ -208,15 +225,19 @@ register_running_threads(void)
             tid = strobe_gettid();
         } else {
             VALUE id = rb_funcall(thread, native_thread_id, 0);
-#ifdef STROBE_FOLLOWS_RUBY_THREADS
-            /* Not on a native thread now (M:N): placed when it resumes. */
+            /* Not started: it registers itself as it begins. An M:N thread
+             * on no native thread now is placed when it resumes. */
+            if (NIL_P(id) && !strobe_mn_threads) continue;
             tid = NIL_P(id) ? 0 : (pid_t)NUM2INT(id);
-#else
-            if (NIL_P(id)) continue; /* not started: it registers itself */
-            tid = (pid_t)NUM2INT(id);
-#endif
         }
-        if (!strobe_threads_add(tid, thread, state)) S.unsampled_threads++;
+        strobe_thread_t *t = strobe_threads_add(tid, thread, state);
+        if (!t) S.unsampled_threads++;
+#if defined(HAVE_RB_PROFILE_THREAD_FRAMES) && defined(HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK)
+        /* An M:N thread not running now cannot be signalled (see
+         * handler_entry): its stack, read here with the GVL held, is what
+         * the timer repeats until it runs. */
+        else if (atomic_load(&t->mobile) && thread != current) note_stack(t, thread);
+#endif
     }
 }
 
@@ -260,10 +281,17 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
     uint8_t state = (event & RUBY_INTERNAL_THREAD_EVENT_RESUMED) ? STROBE_STATE_RUNNING
                   : (event & RUBY_INTERNAL_THREAD_EVENT_READY) ? STROBE_STATE_WAITING
                   : STROBE_STATE_BLOCKED;
-    /* RESUMED runs on the native thread about to run it: under M:N that
-     * may be another one than last time (placement.c). */
+    /* RESUMED runs on the native thread about to run it, with its frames
+     * current; SUSPENDED on the same one before it switches away. Under M:N
+     * a thread runs on other native threads in turn (placement.c), and its
+     * stack as it leaves the GVL is noted for the timer to repeat while it
+     * is parked. */
     if (state == STROBE_STATE_RUNNING) strobe_placement_resumed(t);
     atomic_store_explicit(&t->gvl_state, state, memory_order_relaxed);
+    if (event & RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && atomic_load_explicit(&t->mobile, memory_order_relaxed)) {
+        if (atomic_load(&S.running) && (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU)) note_stack(t, Qfalse);
+        strobe_placement_suspended(t);
+    }
     /* A thread that was running when profiling started, resuming on its
      * own thread: the first chance to set up its fast native unwinding. */
     if (state == STROBE_STATE_RUNNING && S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed) &&
@@ -499,30 +527,34 @@ trigger_sample_job(void)
  * the signal's value (send_signal). NULL for a signal from elsewhere (the
  * process-wide timer, another sender of SIGURG). Async-signal-safe. */
 static strobe_thread_t *
-signal_target(const siginfo_t *info)
+signal_target(const siginfo_t *info, int *stale)
 {
+    *stale = 0;
     if (!info || info->si_code != SI_QUEUE || info->si_pid != S.pid) return NULL;
     unsigned value = (unsigned)info->si_value.sival_int;
     strobe_thread_t *t = strobe_threads_at((int)(value & 0xffff));
-    if (!t || value >> 16 != (strobe_threads_generation() & 0x7fff)) return NULL;
-    return atomic_load_explicit(&t->state, memory_order_acquire) == STROBE_THREAD_LIVE ? t : NULL;
+    if (t && value >> 16 == (strobe_threads_generation() & 0x7fff) &&
+        atomic_load_explicit(&t->state, memory_order_acquire) == STROBE_THREAD_LIVE)
+        return t;
+    *stale = 1; /* ours, for a thread that has ended since (or another round) */
+    return NULL;
 }
 
 /* Async-signal-safe: whether thread t's frames can be read on the native
  * thread the handler runs on. Ruby 3.3+: the thread the signal names (or,
- * for a signal that names none, the one placed here) if it is still placed
- * on this native thread and, when M:N may move it, running here. Ruby's
- * own idea of the current thread is not asked: on a native thread between
- * M:N threads it points at no thread (it crashed rb_thread_current). */
+ * for a signal that names none, the one placed here) if it is attached to
+ * this native thread: a 1:1 thread always is, an M:N thread only between
+ * its RESUMED and SUSPENDED hooks on it, when its frames are the current
+ * ones here (placement.c). Ruby's own idea of the current thread is not
+ * asked: on a native thread between M:N threads it points at no thread
+ * (it crashed rb_thread_current). */
 static strobe_thread_t *
 handler_entry(strobe_thread_t *target)
 {
 #ifdef STROBE_FOLLOWS_RUBY_THREADS
     pid_t me = strobe_placement_self_tid();
     strobe_thread_t *t = target ? target : strobe_placement_find(me);
-    if (!t || strobe_placement_tid(t, 4) != me) return NULL;
-    if (atomic_load(&t->mobile) && atomic_load(&t->gvl_state) != STROBE_STATE_RUNNING) return NULL;
-    return t;
+    return t && strobe_placement_tid(t, 4) == me ? t : NULL;
 #else
     (void)target;
     return ruby_native_thread_p() ? strobe_threads_self() : NULL;
@@ -536,14 +568,17 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     int saved_errno = errno;
 
     if (!atomic_load(&S.running) || !atomic_load(&S.vm_alive)) goto out;
-    strobe_thread_t *target = signal_target(info);
+    int stale;
+    strobe_thread_t *target = signal_target(info, &stale);
+    if (stale) goto out; /* its thread ended, or the round it was sent in */
     /* A thread registered by its tid that runs no Ruby thread (not started
      * yet, or ended without THREAD_END and parked in Ruby's thread cache):
      * its stack cannot be read. It is not asked again (and its ticks are not
      * counted missed) until it registers as a Ruby thread. (A thread M:N
      * may move is only read while it runs here: handler_entry.) */
-    strobe_thread_t *idle = target ? target : strobe_threads_find(strobe_placement_self_tid());
-    if (idle && !atomic_load(&idle->mobile) && !ruby_native_thread_p()) {
+    pid_t me = strobe_placement_self_tid();
+    strobe_thread_t *idle = target ? target : strobe_threads_find(me);
+    if (idle && !atomic_load(&idle->mobile) && strobe_placement_tid(idle, 4) == me && !ruby_native_thread_p()) {
         atomic_store(&idle->not_ruby, 1);
         atomic_fetch_add_explicit(&idle->handled, 1, memory_order_release);
         goto out;
@@ -626,32 +661,60 @@ send_signal(const strobe_thread_t *t, pid_t tid)
     syscall(SYS_rt_tgsigqueueinfo, (long)S.pid, (long)tid, (long)STROBE_SIGNAL, &si);
 }
 
+/* Timer thread: native threads an M:N thread was signalled on this tick.
+ * SIGURG is no queued signal: a second one sent to a native thread before
+ * the first is handled is dropped, and the thread it was for would wait
+ * for a handler that never comes. Under M:N two Ruby threads can be found
+ * attached to one native thread within a tick (one leaving, one arriving):
+ * the second is not signalled. */
+static pid_t tick_tids[STROBE_MAX_THREADS];
+static int tick_tids_len;
+
+static int
+signalled_this_tick(pid_t tid)
+{
+    for (int i = 0; i < tick_tids_len; i++)
+        if (tick_tids[i] == tid) return 1;
+    if (tick_tids_len < STROBE_MAX_THREADS) tick_tids[tick_tids_len++] = tid;
+    return 0;
+}
+
 /* The timer thread's request for a sample of thread t: a signal, or
  * without signals (safepoint_timer) a sample owed at the next safe point,
  * for the postponed job the tick triggers. Returns whether a job is
  * needed. A sample still owed from the tick before is lost (missed), and
- * so is one for a thread on no native thread of its own now (M:N). */
+ * so is one for a thread attached to no native thread (M:N, parked with
+ * nothing to repeat yet): no signal goes out for it. In :wall mode a
+ * request that went out is counted sent, so the next tick can tell it is
+ * still pending. */
 static int
 ask_for_sample(strobe_thread_t *t)
 {
+    pid_t tid = S.safepoint_timer ? 0 : strobe_placement_tid(t, 100);
+    if (!S.safepoint_timer && (!tid || (atomic_load(&t->mobile) && signalled_this_tick(tid)))) {
+        strobe_profile_add_missed(1);
+        return 0;
+    }
+    /* Counted before it goes out: the handler may count it handled at once. */
+    if (S.mode == STROBE_MODE_WALL) {
+        t->sent = atomic_load_explicit(&t->handled, memory_order_acquire) + 1;
+        t->pending_ticks = 0;
+    }
     if (!S.safepoint_timer) {
-        pid_t tid = strobe_placement_tid(t, 100);
-        if (tid) send_signal(t, tid);
-        else strobe_profile_add_missed(1);
+        send_signal(t, tid);
         return 0;
     }
     if (atomic_exchange(&t->deferred, 1)) strobe_profile_add_missed(1);
     return 1;
 }
 
-/* Timer thread: whether t is on no native thread now, or (a thread M:N may
- * move) not running on it, so that no signal can read its stack; it has
- * not changed since the thread last ran Ruby code. */
+/* Timer thread: whether t is attached to no native thread (an M:N thread
+ * not holding the GVL), so that no signal can read its stack; the stack
+ * noted as it left the GVL is still its stack. */
 static int
 parked(const strobe_thread_t *t)
 {
-    if (strobe_placement_tid(t, 100) == 0) return 1;
-    return atomic_load(&t->mobile) && atomic_load(&t->gvl_state) != STROBE_STATE_RUNNING;
+    return strobe_placement_tid(t, 100) == 0;
 }
 
 static void *
@@ -688,6 +751,7 @@ timer_main(void *arg)
         if (++ticks % reclaim_every == 0) strobe_threads_reclaim();
 
         int n = strobe_threads_len(), live = 0, idle_len = 0, job = 0;
+        tick_tids_len = 0;
         int64_t now_us = strobe_now_us();
         for (int i = 0; i < n; i++) {
             strobe_thread_t *t = strobe_threads_at(i);
@@ -699,11 +763,6 @@ timer_main(void *arg)
             if (cpu < 0) continue; /* thread is gone */
             if (S.mode == STROBE_MODE_CPU) {
                 if (cpu - t->cpu_last_ns < interval_ns) continue;
-                /* An M:N thread using CPU without the GVL (C code in a
-                 * blocking region) cannot be read by a signal: its Ruby
-                 * stack has not changed since it released the GVL, so that
-                 * stack is recorded again, as for idle threads below. */
-                int repeat = parked(t) && strobe_capture_drained(t->last_seq);
                 /* Carry the remainder so the rate matches the interval, but
                  * never owe more than one more sample: CPU intervals the
                  * timer was too late for (a loaded machine) are counted
@@ -713,12 +772,11 @@ timer_main(void *arg)
                     strobe_profile_add_missed((uint64_t)((cpu - interval_ns - t->cpu_last_ns) / interval_ns));
                     t->cpu_last_ns = cpu - interval_ns;
                 }
-                if (repeat) {
-                    idle_threads[idle_len++] = t;
-                    continue;
-                }
             } else {
                 uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
+                /* An M:N thread that left the GVL since is not waited for:
+                 * its stack is noted (below, as parked). */
+                if ((int32_t)(t->sent - handled) > 0 && atomic_load(&t->mobile) && parked(t)) t->sent = handled;
                 if ((int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS) {
                     strobe_profile_add_missed(1); /* its last signal is not handled yet */
                     /* Without signals, the job may have run on another
@@ -727,17 +785,15 @@ timer_main(void *arg)
                     continue;
                 }
                 /* Its stack was the same twice and it has used (almost) no
-                 * CPU since, or another Ruby thread runs on its native
-                 * thread now (M:N): it has not run, so its stack is
-                 * unchanged. Record that stack again instead of
+                 * CPU since: it has not run, so its stack is unchanged. Or
+                 * it is an M:N thread not holding the GVL, whose stack was
+                 * noted as it left it. Record that stack again instead of
                  * interrupting it. */
                 int64_t idle = atomic_load(&t->idle_cpu_ns);
                 if ((parked(t) || (idle >= 0 && cpu - idle < idle_ns)) && strobe_capture_drained(t->last_seq)) {
                     idle_threads[idle_len++] = t;
                     continue;
                 }
-                t->sent = handled + 1;
-                t->pending_ticks = 0;
             }
             job |= ask_for_sample(t);
         }
@@ -747,12 +803,8 @@ timer_main(void *arg)
                 /* Out of memory at threads[done]: it and the rest are lost. */
                 strobe_profile_add_missed((uint64_t)(r.len - r.done));
             }
-            for (int i = 0; i < r.unrepeated; i++) { /* nothing to repeat yet */
-                strobe_thread_t *t = r.threads[i];
-                t->sent = atomic_load(&t->handled) + 1;
-                t->pending_ticks = 0;
-                job |= ask_for_sample(t);
-            }
+            for (int i = 0; i < r.unrepeated; i++) /* nothing to repeat yet */
+                job |= ask_for_sample(r.threads[i]);
         }
         strobe_threads_unlock();
         /* From this thread, which is no Ruby thread: Ruby delivers the job

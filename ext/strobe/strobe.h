@@ -148,8 +148,7 @@ typedef struct {
     _Atomic int64_t cpu_attach_ns; /* that native thread's CPU clock when it got there */
     atomic_uint place_seq;   /* odd while a placement is being written */
     atomic_int place_lock;   /* orders placement writers */
-    atomic_int shared;       /* it shares native threads with other Ruby threads (M:N) */
-    atomic_int mobile;       /* Ruby schedules it M:N: it may move between native threads */
+    atomic_int mobile;       /* Ruby schedules it M:N: attached only while it holds the GVL */
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int in_handler;   /* re-entry guard */
@@ -187,6 +186,9 @@ void strobe_capture_reset(void);
  * Ruby Thread of t (GVL held, Ruby 3.2+: the safepoint scheduler). */
 /* ucontext: the handler's signal context when native frames are to be
  * captured too (native: true), else NULL. */
+/* now_us STROBE_CAPTURE_NOTE: not a sample, a note of the thread's stack
+ * (recorded as its latest, counted nowhere). */
+#define STROBE_CAPTURE_NOTE INT64_MIN
 int strobe_capture(strobe_thread_t *t, VALUE thread, int gc_kind, size_t gc_epoch, int64_t now_us, int *unchanged,
                    const void *ucontext);
 /* Whether the slot of sequence seq has been drained (any thread). */
@@ -225,8 +227,8 @@ pid_t strobe_placement_self_tid(void);
 /* fork child: the cached tid is the parent's. */
 void strobe_placement_forget_tid(void);
 /* Registration (entry CLAIMED): placed on tid (0: not on a native thread);
- * mobile: Ruby schedules it M:N. */
-void strobe_placement_init(strobe_thread_t *t, pid_t tid, int mobile);
+ * mobile: Ruby schedules it M:N; running_here: it is the calling thread. */
+void strobe_placement_init(strobe_thread_t *t, pid_t tid, int mobile, int running_here);
 /* At Init: whether Ruby runs the main Ractor's threads M:N (RUBY_MN_THREADS). */
 void strobe_placement_init_process(void);
 extern int strobe_mn_threads;
@@ -241,9 +243,9 @@ int64_t strobe_placement_cpu_ns(const strobe_thread_t *t, int tries);
 pid_t strobe_placement_tid(const strobe_thread_t *t, int tries);
 /* GVL RESUMED hook, on the native thread about to run t: t is here now. */
 void strobe_placement_resumed(strobe_thread_t *t);
-/* t is now on native thread tid: any other thread attached there leaves
- * it (CPU time frozen), and both are marked shared. */
-void strobe_placement_detach_others(strobe_thread_t *t, pid_t tid);
+/* GVL SUSPENDED hook, on t's native thread: a mobile t leaves it (its CPU
+ * time frozen until it resumes). */
+void strobe_placement_suspended(strobe_thread_t *t);
 
 /* ---- threads.c: the registry ------------------------------------------- */
 
@@ -412,13 +414,14 @@ typedef struct strobe_chunk {
 
 enum { STROBE_JIT_NONE = 0, STROBE_JIT_YJIT, STROBE_JIT_ZJIT };
 
-/* Result ids of threads that share native threads (M:N) start here: above
+/* Result ids of threads without a native thread of their own (M:N, or a
+ * native thread an earlier thread of the profile used) start here: above
  * Linux's largest possible tid (PID_MAX_LIMIT, 2^22), so never a tid. */
 #define STROBE_SHARED_THREAD_ID_BASE 4194304
 
 typedef struct {
     pid_t tid;               /* kernel thread it was first sampled on */
-    int shared;              /* it shares native threads (M:N): tid is not its own */
+    int mn;                  /* Ruby scheduled it M:N: tid is not its own */
     VALUE thread;            /* Ruby Thread while it runs (marked), else Qnil */
     VALUE name;              /* its name, taken when it ended (marked) */
     uint64_t samples;

@@ -213,7 +213,7 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
      * ended did so without THREAD_END (Ruby 3.1 fires it only for a normal
      * return, not for a thread that raised or was killed) and Ruby's thread
      * cache runs this one on its native thread; it is retired. One still
-     * alive shares the native thread with this one (M:N, Ruby 3.3+). */
+     * alive takes turns with this one on it (M:N, Ruby 3.3+). */
     int n = atomic_load(&entries_len);
     ID alive = rb_intern("alive?");
     for (int i = 0; i < n && tid != 0; i++)
@@ -230,8 +230,8 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
      * off by the lock, and only the GVL holder adds. */
     memset((char *)t + offsetof(strobe_thread_t, tid), 0,
            offsetof(strobe_thread_t, scratch_frames) - offsetof(strobe_thread_t, tid));
-    /* M:N (Ruby 3.3+, RUBY_MN_THREADS): every thread but the main one. */
-    strobe_placement_init(t, tid, strobe_mn_threads && thread != rb_thread_main());
+    /* M:N (Ruby 3.3+, RUBY_MN_THREADS at boot): every thread. */
+    strobe_placement_init(t, tid, strobe_mn_threads, thread == rb_thread_current());
     t->index = (uint16_t)(t - entries);
     t->thread = thread;
     t->last_seq = -1;
@@ -248,9 +248,6 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
 #ifdef STROBE_FOLLOWS_RUBY_THREADS
     rb_internal_thread_specific_set(thread, entry_key, t);
 #endif
-    /* Another live Thread attached to the same native thread: it shares it
-     * (M:N); its CPU clock stops counting for it here. */
-    strobe_placement_detach_others(t, tid);
     return t;
 }
 
