@@ -28,7 +28,8 @@
  * thread afterwards (another Ruby thread, an unprofiled one, another
  * Ractor, Ruby's scheduler) is never charged to it, and "attached here"
  * means "its frames are the ones current on this native thread". A mobile
- * thread's CPU in C code without the GVL is not counted.
+ * thread's CPU in C code without the GVL is not counted, and its clock is
+ * read at its GVL events only in :cpu mode (strobe_placement_counts_cpu).
  *
  * Concurrency: only a thread's own hooks (on the native thread it is on)
  * and its registration (GVL held) write its placement. A per-entry spin
@@ -153,6 +154,10 @@ strobe_placement_tid(const strobe_thread_t *t, int tries)
     return read_place(t, &p, tries) && p.attached ? p.tid : 0;
 }
 
+/* Whether mobile threads' CPU time is kept (their clocks read at every GVL
+ * event): only :cpu mode needs it (sampler.c sets it at start). */
+atomic_int strobe_placement_counts_cpu;
+
 void
 strobe_placement_resumed(strobe_thread_t *t)
 {
@@ -162,9 +167,13 @@ strobe_placement_resumed(strobe_thread_t *t)
         return; /* a 1:1 thread, always */
     /* A mobile thread taking the GVL here, or a thread registered before
      * Ruby placed it. */
+    int clocks = !atomic_load_explicit(&t->mobile, memory_order_relaxed) ||
+                 atomic_load_explicit(&strobe_placement_counts_cpu, memory_order_relaxed);
     write_begin(t);
-    atomic_store_explicit(&t->cpu_base_ns, cpu_now_locked(t), memory_order_relaxed);
-    atomic_store_explicit(&t->cpu_attach_ns, strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID), memory_order_relaxed);
+    if (clocks) {
+        atomic_store_explicit(&t->cpu_base_ns, cpu_now_locked(t), memory_order_relaxed);
+        atomic_store_explicit(&t->cpu_attach_ns, strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID), memory_order_relaxed);
+    }
     atomic_store_explicit(&t->tid, me, memory_order_relaxed);
     atomic_store_explicit(&t->attached, 1, memory_order_relaxed);
     write_end(t);
@@ -177,7 +186,8 @@ strobe_placement_suspended(strobe_thread_t *t)
         !atomic_load_explicit(&t->attached, memory_order_relaxed))
         return;
     write_begin(t);
-    atomic_store_explicit(&t->cpu_base_ns, cpu_now_locked(t), memory_order_relaxed);
+    if (atomic_load_explicit(&strobe_placement_counts_cpu, memory_order_relaxed))
+        atomic_store_explicit(&t->cpu_base_ns, cpu_now_locked(t), memory_order_relaxed);
     atomic_store_explicit(&t->attached, 0, memory_order_relaxed);
     write_end(t);
 }
@@ -201,7 +211,7 @@ int strobe_mn_threads;
 
 /* RUBY_MN_THREADS as the process started (Ruby reads it at boot; ENV may
  * have changed since): from /proc/self/environ (NUL-separated entries, read
- * whole, up to 1 MB), else getenv. */
+ * whole, up to 1 MB; the first one, as getenv), or from ENV now. */
 static int
 boot_mn_threads(void)
 {
@@ -215,14 +225,14 @@ boot_mn_threads(void)
         while (len < capa && (n = read(fd, env + len, capa - len)) > 0) len += (size_t)n;
         close(fd);
         env[len] = '\0';
-        for (size_t at = 0; at < len; at += strlen(env + at) + 1)
+        for (size_t at = 0; at < len && !value; at += strlen(env + at) + 1)
             if (strncmp(env + at, name, sizeof(name) - 1) == 0) value = env + at + sizeof(name) - 1;
-    } else {
-        value = getenv("RUBY_MN_THREADS");
     }
     int on = value && atoi(value) > 0;
     free(env);
-    return on;
+    /* A long $0 overwrites the first environment: ENV as it is now too. */
+    value = getenv("RUBY_MN_THREADS");
+    return on || (value && atoi(value) > 0);
 }
 
 void

@@ -289,8 +289,15 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
     if (state == STROBE_STATE_RUNNING) strobe_placement_resumed(t);
     atomic_store_explicit(&t->gvl_state, state, memory_order_relaxed);
     if (event & RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && atomic_load_explicit(&t->mobile, memory_order_relaxed)) {
-        if (atomic_load(&S.running) && (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU)) note_stack(t, Qfalse);
+        /* :wall repeats it at each tick while parked. :cpu needs it only
+         * when the thread has used an interval of CPU since its latest
+         * sample (owed one, which the timer takes from this stack), so its
+         * cost follows the sampling rate, not the rate of GVL switches. */
         strobe_placement_suspended(t);
+        if (atomic_load(&S.running) &&
+            (S.mode == STROBE_MODE_WALL ||
+             (S.mode == STROBE_MODE_CPU && strobe_placement_cpu_ns(t, 4) - t->cpu_last_ns >= (int64_t)S.interval * 1000)))
+            note_stack(t, Qfalse);
     }
     /* A thread that was running when profiling started, resuming on its
      * own thread: the first chance to set up its fast native unwinding. */
@@ -763,6 +770,10 @@ timer_main(void *arg)
             if (cpu < 0) continue; /* thread is gone */
             if (S.mode == STROBE_MODE_CPU) {
                 if (cpu - t->cpu_last_ns < interval_ns) continue;
+                /* An M:N thread that used the CPU but has released the GVL
+                 * since (it is parked now, no signal can read it): its
+                 * latest stack is recorded again, as for idle threads. */
+                int repeat = parked(t) && strobe_capture_drained(t->last_seq);
                 /* Carry the remainder so the rate matches the interval, but
                  * never owe more than one more sample: CPU intervals the
                  * timer was too late for (a loaded machine) are counted
@@ -771,6 +782,10 @@ timer_main(void *arg)
                 if (cpu - t->cpu_last_ns > interval_ns) {
                     strobe_profile_add_missed((uint64_t)((cpu - interval_ns - t->cpu_last_ns) / interval_ns));
                     t->cpu_last_ns = cpu - interval_ns;
+                }
+                if (repeat) {
+                    idle_threads[idle_len++] = t;
+                    continue;
                 }
             } else {
                 uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
@@ -790,7 +805,9 @@ timer_main(void *arg)
                  * noted as it left it. Record that stack again instead of
                  * interrupting it. */
                 int64_t idle = atomic_load(&t->idle_cpu_ns);
-                if ((parked(t) || (idle >= 0 && cpu - idle < idle_ns)) && strobe_capture_drained(t->last_seq)) {
+                /* (An M:N thread's CPU time is not kept in :wall mode.) */
+                int still = idle >= 0 && cpu - idle < idle_ns && !atomic_load(&t->mobile);
+                if ((parked(t) || still) && strobe_capture_drained(t->last_seq)) {
                     idle_threads[idle_len++] = t;
                     continue;
                 }
@@ -984,6 +1001,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
         return "native: true takes native stacks in the signal handler: it needs mode :wall or :cpu with timer signals";
 
     S.mode = mode;
+    atomic_store(&strobe_placement_counts_cpu, mode == STROBE_MODE_CPU);
     S.pid = getpid();
     S.uid = getuid();
     S.defer_running = jit_frames_unsafe();

@@ -229,6 +229,8 @@ void strobe_placement_forget_tid(void);
 /* Registration (entry CLAIMED): placed on tid (0: not on a native thread);
  * mobile: Ruby schedules it M:N; running_here: it is the calling thread. */
 void strobe_placement_init(strobe_thread_t *t, pid_t tid, int mobile, int running_here);
+/* Set at start: :cpu mode keeps mobile threads' CPU time. */
+extern atomic_int strobe_placement_counts_cpu;
 /* At Init: whether Ruby runs the main Ractor's threads M:N (RUBY_MN_THREADS). */
 void strobe_placement_init_process(void);
 extern int strobe_mn_threads;
