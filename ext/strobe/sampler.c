@@ -210,7 +210,12 @@ register_running_threads(void)
     ID native_thread_id = rb_intern("native_thread_id");
     for (long i = 0; i < RARRAY_LEN(list); i++) {
         VALUE thread = RARRAY_AREF(list, i);
-        if (!profiled(thread) || !RTEST(rb_funcall(thread, rb_intern("alive?"), 0))) continue;
+        if (!profiled(thread)) continue;
+        /* "run", "sleep" or "aborting"; false or nil once it has ended,
+         * which it may do during any of these calls (they can switch
+         * threads): a thread that just finished is skipped. */
+        VALUE status = rb_funcall(thread, rb_intern("status"), 0);
+        if (!RB_TYPE_P(status, T_STRING)) continue;
         pid_t tid;
         /* The starting thread holds the GVL; of the others, a sleeping
          * one (sleep, IO, a lock, a queue) has released it, and a
@@ -218,8 +223,8 @@ register_running_threads(void)
         int state = STROBE_STATE_UNKNOWN;
         if (S.track_states)
             state = thread == current ? STROBE_STATE_RUNNING
-                  : rb_str_equal(rb_funcall(thread, rb_intern("status"), 0), rb_str_new_cstr("sleep")) == Qtrue
-                      ? STROBE_STATE_BLOCKED : STROBE_STATE_WAITING;
+                  : rb_str_equal(status, rb_str_new_cstr("sleep")) == Qtrue ? STROBE_STATE_BLOCKED
+                                                                              : STROBE_STATE_WAITING;
         if (thread == current) {
             /* Ruby 3.1 keeps reporting the parent's tid in a forked child. */
             tid = strobe_gettid();
