@@ -43,7 +43,11 @@ class TestServe < Minitest::Test
     reader = Thread.new { stderr.each_line { |line| err << line } }
     out = Thread.new { stdout.read }
     url = nil
-    Timeout.timeout(60) { sleep 0.05 until (url = err[%r{at (http://127\.0\.0\.1:\d+/profile\.json)}, 1]) }
+    # Both lines of the announcement (two writes: the reader may have the
+    # first only).
+    Timeout.timeout(60) do
+      sleep 0.05 until (url = err[%r{at (http://127\.0\.0\.1:\d+/profile\.json)}, 1]) && err.include?("strobe: open ")
+    end
     yield url, -> { err }
     # Ctrl-C once the program has ended (earlier, it would end the program,
     # and the profile would then stay served until a second one).
