@@ -301,7 +301,8 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
         strobe_placement_suspended(t);
         if (atomic_load(&S.running) &&
             (S.mode == STROBE_MODE_WALL ||
-             (S.mode == STROBE_MODE_CPU && strobe_placement_cpu_ns(t, 4) - t->cpu_last_ns >= (int64_t)S.interval * 1000)))
+             (S.mode == STROBE_MODE_CPU && strobe_placement_cpu_ns(t, 4) - atomic_load_explicit(&t->cpu_last_ns, memory_order_relaxed) >=
+                 (int64_t)S.interval * 1000)))
             note_stack(t, Qfalse);
     }
     /* A thread that was running when profiling started, resuming on its
