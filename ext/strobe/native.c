@@ -38,6 +38,7 @@
  * native frames unavailable, and native: true is refused.
  */
 #include "strobe.h"
+#include "sigstack.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +115,9 @@ int
 strobe_native_capture(const strobe_thread_t *t, const void *ucontext, uintptr_t *out)
 {
     /* Sequentially consistent: a fork sees this walk, or the walk sees the fork. */
+    /* Room for libunwind below here, or no native frames this time. */
+    int here = 0;
+    if (!strobe_sigstack_room(&here, STROBE_NATIVE_STACK_NEED)) return 0;
     atomic_fetch_add(&walks_running, 1);
     int depth = atomic_load(&walks_blocked) || atomic_load(&walks_disabled) ? 0 : walk(t, ucontext, out);
     atomic_fetch_sub(&walks_running, 1);
@@ -170,6 +174,7 @@ void
 strobe_native_warm(strobe_thread_t *t)
 {
     if (atomic_load_explicit(&t->native_warm, memory_order_relaxed) || atomic_load(&t->mobile)) return;
+    strobe_sigstack_ensure(); /* room for the walks (sigstack.c) */
     walk_self(0);
     atomic_store_explicit(&t->native_warm, 1, memory_order_relaxed);
 }
@@ -177,6 +182,7 @@ strobe_native_warm(strobe_thread_t *t)
 void
 strobe_native_prepare(strobe_thread_t *self)
 {
+    if (self && !atomic_load(&self->mobile)) strobe_sigstack_ensure();
     walk_self(1);
     if (self && !atomic_load(&self->mobile)) atomic_store_explicit(&self->native_warm, 1, memory_order_relaxed);
 }

@@ -25,10 +25,12 @@
  * A dead thread is never signalled (tgkill reports ESRCH, a dead thread's
  * CPU clock reads EINVAL).
  *
- * The handler runs on the sampled thread. It only does what
- * strobe_capture() allows (async-signal-safe). It preserves errno, guards
- * re-entry, and does nothing after the VM has begun shutting down or on a
- * thread it does not know.
+ * The handler runs on the sampled thread, on its alternate signal stack,
+ * with its own signal not blocked (sigstack.c: a thread near the end of its
+ * stack, a handler left by a longjmp). It only does what strobe_capture()
+ * allows (async-signal-safe). It preserves errno, takes the thread's guard
+ * (sigstack.c), and does nothing after the VM has begun shutting down or
+ * on a thread it does not know.
  *
  * The signal is SIGURG, not SIGPROF: its default action is to ignore it, so
  * a signal still pending when the program calls exec() is discarded by the
@@ -70,6 +72,7 @@
  * record at once (the GVL is held; there is no timer thread).
  */
 #include "strobe.h"
+#include "sigstack.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -191,11 +194,11 @@ current_entry(void)
 static void
 note_stack(strobe_thread_t *t, VALUE thread)
 {
-    if (atomic_exchange(&t->in_handler, 1)) return;
+    if (!strobe_guard_take(t)) return;
     size_t gc_epoch = rb_gc_count();
     atomic_thread_fence(memory_order_acquire);
     if (!rb_during_gc()) strobe_capture(t, thread, STROBE_FRAME_RUBY, gc_epoch, STROBE_CAPTURE_NOTE, NULL, NULL);
-    atomic_store(&t->in_handler, 0);
+    strobe_guard_release(t);
 }
 #endif
 
@@ -262,6 +265,7 @@ thread_hook(VALUE tpval, void *data)
     strobe_sampler_flush(); /* its captured samples still name it */
     strobe_profile_thread_ended(t);
     strobe_threads_end(t);
+    strobe_sigstack_thread_ended();
 }
 
 /* ---- GVL states ---------------------------------------------------------------- */
@@ -283,6 +287,8 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
     strobe_thread_t *t = strobe_threads_self(); /* NULL unless registered */
 #endif
     if (!t) return;
+    /* Outside any handler: a guard its own handler was left holding. */
+    strobe_guard_reclaim(t);
     uint8_t state = (event & RUBY_INTERNAL_THREAD_EVENT_RESUMED) ? STROBE_STATE_RUNNING
                   : (event & RUBY_INTERNAL_THREAD_EVENT_READY) ? STROBE_STATE_WAITING
                   : STROBE_STATE_BLOCKED;
@@ -441,7 +447,7 @@ sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged, const void *ucon
     return strobe_capture(t, thread, gc_kind, gc_epoch, strobe_now_us(), unchanged, S.native ? ucontext : NULL);
 }
 
-/* One time-mode sample of thread t, whose in_handler guard the caller
+/* One time-mode sample of thread t, whose guard (sigstack.c) the caller
  * holds: the calling thread (thread Qfalse; from the handler or
  * sample_job), or another thread read with the GVL held (its Ruby Thread;
  * from sample_job, Ruby 3.2+). ucontext: the handler's signal context,
@@ -489,10 +495,10 @@ static void
 serve_owed(strobe_thread_t *t, VALUE thread)
 {
     if (!atomic_exchange(&t->deferred, 0)) return;
-    if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); return; }
+    if (!strobe_guard_take(t)) { strobe_profile_add_missed(1); return; }
     take_sample(t, thread, NULL);
     if (S.safepoint_timer && S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
-    atomic_store(&t->in_handler, 0);
+    strobe_guard_release(t);
 }
 
 /* Postponed job: GVL held, at a safe point of the thread running it, where
@@ -606,7 +612,8 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         goto out;
     }
     if (!t) goto out; /* not a thread we sample */
-    if (atomic_exchange(&t->in_handler, 1)) { strobe_profile_add_missed(1); goto out; }
+    if (!strobe_guard_take_in_handler(t, &saved_errno)) { strobe_profile_add_missed(1); goto out; }
+    strobe_sigstack_leave_if_asked();
 
     if (S.defer_running && may_run_jit_code(t)) {
         /* Owe the sample to the next safe point. One still owed from the
@@ -625,7 +632,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     }
     if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
     if (S.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
-    atomic_store(&t->in_handler, 0);
+    strobe_guard_release(t);
 out:
     errno = saved_errno;
 }
@@ -936,7 +943,7 @@ install_handler(void)
 
     memset(&ours, 0, sizeof(ours));
     ours.sa_sigaction = signal_handler;
-    ours.sa_flags = SA_SIGINFO | SA_RESTART;
+    ours.sa_flags = strobe_sigstack_handler_flags();
     sigemptyset(&ours.sa_mask);
     sigaction(STROBE_SIGNAL, &ours, NULL);
     S.handler_installed = 1;
@@ -1135,7 +1142,7 @@ strobe_sampler_sample_now(void)
     if (!atomic_load(&S.running)) return 0;
     strobe_thread_t *t = current_entry();
     if (!t) return 0; /* a thread that is not profiled */
-    if (atomic_exchange(&t->in_handler, 1)) {
+    if (!strobe_guard_take(t)) {
         strobe_profile_add_missed(1);
         return 0;
     }
@@ -1157,7 +1164,7 @@ strobe_sampler_sample_now(void)
         if (!timed) {
             /* Nothing else captures on this thread in these modes; the guard
              * is let go first because running out of memory raises here. */
-            atomic_store(&t->in_handler, 0);
+            strobe_guard_release(t);
             const uint8_t state = STROBE_STATE_UNKNOWN; /* not tracked in these modes */
             strobe_profile_record(t, gc_kind, t->scratch_frames, t->scratch_lines, depth, &now, &state, 1);
             return 1;
@@ -1166,12 +1173,12 @@ strobe_sampler_sample_now(void)
         t->scratch_gc_kind = (uint8_t)gc_kind;
         t->scratch_time = now;
         int failed = strobe_profile_locked(drain_then_record_scratch, t) < 0;
-        atomic_store(&t->in_handler, 0);
+        strobe_guard_release(t);
         if (failed) rb_memerror();
         return 1;
     }
     if (taken == 0) strobe_profile_add_missed(1);
-    atomic_store(&t->in_handler, 0);
+    strobe_guard_release(t);
     return 0;
 }
 
@@ -1221,6 +1228,7 @@ atfork_child(void)
 {
     unlock_after_fork(1); /* this thread took both locks; it is the one left */
     strobe_placement_forget_tid();
+    strobe_sigstack_after_fork();
     gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
     atomic_store(&S.running, 0);

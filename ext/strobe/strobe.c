@@ -9,6 +9,7 @@
  * Nothing here is called from a signal handler.
  */
 #include "strobe.h"
+#include "sigstack.h"
 
 VALUE strobe_eProfileError;
 static VALUE mStrobe, mNative, eStrobeError, gc_anchor;
@@ -368,4 +369,5 @@ Init_strobe(void)
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
     strobe_trace_define(mNative);
+    strobe_sigstack_define(mNative);
 }

@@ -151,7 +151,8 @@ typedef struct {
     atomic_int mobile;       /* Ruby schedules it M:N: attached only while it holds the GVL */
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
-    atomic_int in_handler;   /* re-entry guard */
+    atomic_int guard_tid;    /* re-entry guard (sigstack.c): native thread holding it, 0 none */
+    atomic_uintptr_t guard_frame; /* the holding handler's frame, 0 for code outside a handler */
     atomic_int deferred;     /* a sample is owed at the next safe point (JIT, see sampler.c) */
     atomic_int not_ruby;     /* its kernel thread runs no Ruby thread (ended, parked in Ruby's thread cache) */
     int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */

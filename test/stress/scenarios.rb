@@ -134,6 +134,39 @@ module StressScenarios
         Strobe::ProfileFile.write(result, OUT)
       RUBY
     end,
+    # SystemStackError rescued over and over, on two threads, while
+    # sampled: the handler runs on the alternate signal stack (it crashed
+    # on the thread's own), and the threads are still sampled afterwards,
+    # in a new profile too.
+    [%w[wall], %w[cpu], %w[object], %w[custom], %w[wall native], %w[cpu native]].to_h do |mode, native|
+      options = "mode: :#{mode}, interval: #{mode == 'object' ? 10 : 100}, raw: true"
+      options += ", native: Strobe::Native::NATIVE_FRAMES" if native
+      timed = %w[wall cpu].include?(mode)
+      ["stack_overflow_#{mode}#{'_native' if native}", { code: <<~RUBY }]
+        deep = []
+        at = deep
+        200_000.times { inner = []; at << inner; at = inner }
+        overflow = lambda do
+          Marshal.dump(deep)
+          :no_overflow
+        rescue SystemStackError
+          Strobe.sample if #{mode == 'custom'}
+          :rescued
+        end
+        Strobe.start(#{options})
+        thread = Thread.new { Array.new(5) { overflow.call } }
+        outcomes = Array.new(10) { overflow.call } + thread.value
+        raise "outcomes: \#{outcomes.tally}" unless outcomes.all?(:rescued)
+        churn(0.1)
+        Strobe.sample if #{mode == 'custom'}
+        Strobe.stop
+        save!
+        if #{timed}
+          later = Strobe.run(mode: :#{mode}, interval: 1000) { churn(0.2) }
+          raise "not sampled after the overflows" unless later[:samples] > 0
+        end
+      RUBY
+    end,
     "daemon" => { code: <<~RUBY },
       Strobe.start(mode: :wall, interval: 100, raw: true)
       churn(0.05)

@@ -1,0 +1,66 @@
+/*
+ * sigstack.h - the sampling handler's footing: the stack it runs on and the
+ * per-thread guard it takes (sigstack.c).
+ */
+#ifndef STROBE_SIGSTACK_H
+#define STROBE_SIGSTACK_H
+
+#include "strobe.h"
+
+/* Flags the handler is installed with: on the thread's alternate signal
+ * stack (Ruby gives every thread one), and without blocking its own signal
+ * while it runs, so a handler left by a longjmp leaves nothing blocked. */
+int strobe_sigstack_handler_flags(void);
+
+/* The size of the alternate stacks Strobe gives threads that sample native
+ * frames, and what a native walk needs on it (sigstack.c says why). */
+#define STROBE_SIGSTACK_BYTES (64 * 1024)
+#define STROBE_NATIVE_STACK_NEED (12 * 1024)
+
+/* Outside any handler, on the calling thread: gives it an alternate stack
+ * of STROBE_SIGSTACK_BYTES if its own is smaller (or it has none). */
+void strobe_sigstack_ensure(void);
+/* The calling thread ends (its THREAD_END hook): back to the alternate
+ * stack it had, and Strobe's is unmapped. */
+void strobe_sigstack_thread_ended(void);
+/* In a forked child: forget the stacks of threads that are not there. */
+void strobe_sigstack_after_fork(void);
+/* Async-signal-safe, in a handler: whether at least need bytes are left
+ * below frame on the alternate stack it runs on (1 when it runs on the
+ * thread's own stack: no alternate stack to measure). */
+int strobe_sigstack_room(const void *frame, size_t need);
+
+/* The guard: one capture at a time into thread t's scratch buffers.
+ * Async-signal-safe. Taking it from a signal handler: frame is an address
+ * in the handler's frame (a local's); another handler of the same native
+ * thread that holds it was left (longjmp) when this one does not run
+ * nested inside it, and is taken over. Returns 1 when taken, 0 when held
+ * (the caller counts a missed sample). */
+int strobe_guard_take_in_handler(strobe_thread_t *t, const void *frame);
+/* Taking it outside any handler (a postponed job, a hook, Strobe.sample):
+ * one held by a handler of the calling native thread was left, since no
+ * handler is running under this code. */
+int strobe_guard_take(strobe_thread_t *t);
+void strobe_guard_release(strobe_thread_t *t);
+/* Outside any handler, on t's own native thread (a GVL or thread hook):
+ * lets go of a guard a handler of this thread was left holding. Two
+ * atomic loads when there is none. */
+void strobe_guard_reclaim(strobe_thread_t *t);
+/* Guards found left by a longjmp and taken back since the process began
+ * (tests read it). */
+unsigned long strobe_guard_reclaimed(void);
+
+/* Test hook: the handler calls it holding the guard; it longjmps out when
+ * Strobe::Native.leave_a_handler asked for it on this thread. */
+void strobe_sigstack_leave_if_asked(void);
+
+/* Test hooks (Strobe::Native). Outside any handler, on the calling thread:
+ * paint fills its alternate signal stack with a pattern; used then tells
+ * how many bytes of it handlers have used since (the deepest point), with
+ * its size. Both return 0 when the thread has no alternate stack. */
+size_t strobe_sigstack_paint(size_t *size);
+size_t strobe_sigstack_used(size_t *size);
+
+void strobe_sigstack_define(VALUE mNative);
+
+#endif

@@ -1,0 +1,104 @@
+# frozen_string_literal: true
+
+require "test_helper"
+
+# Where the sampling handler runs (sigstack.c): on the thread's alternate
+# signal stack, within its size, and a handler left by a longjmp (Ruby's
+# stack-overflow recovery) leaves its thread sampled.
+class TestSignalStack < Minitest::Test
+  def spin(seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    x = 0
+    x += [3, 1, 2].sort.first while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+    x
+  end
+
+  def after_the_jump(seconds) = spin(seconds)
+
+  def deep(n, &block) = n.zero? ? block.call : deep(n - 1, &block)
+
+  # Deepest use of the calling thread's alternate stack by handlers while
+  # the block runs profiled: [used, size].
+  def alternate_stack_use(**options)
+    Strobe.start(**options)
+    spin(0.05) # native: the thread gets its bigger stack as its unwinder is set up
+    refute_nil Strobe::Native.signal_stack_paint, "the thread has an alternate signal stack"
+    deep(100) { spin(0.3) }
+    used = Strobe::Native.signal_stack_used
+    Strobe.stop
+    assert_operator Strobe.results[:samples], :>, 0
+    used
+  end
+
+  def test_the_handler_runs_on_the_alternate_stack
+    %i[wall cpu].each do |mode|
+      used, size = alternate_stack_use(mode: mode, interval: 100)
+      assert_operator used, :>, 0, "#{mode}: no handler ran on the alternate stack"
+      # A page to spare: a wider FPU state makes the kernel's signal frame
+      # bigger than here (sanitizer builds need 9 KiB of Ruby's 16 KiB).
+      assert_operator used, :<=, size - 4096, "#{mode}: the handler needs #{used} of its #{size} bytes"
+    end
+  end
+
+  def test_native_frames_get_room_on_a_stack_of_their_own
+    skip "built without libunwind" unless Strobe::Native::NATIVE_FRAMES
+    skip "M:N threads are set up as they run" if ENV["RUBY_MN_THREADS"] == "1"
+    [Thread.current, nil].each do |main|
+      used, size = main ? alternate_stack_use(mode: :cpu, interval: 100, native: true)
+                        : Thread.new { alternate_stack_use(mode: :wall, interval: 100, native: true) }.value
+      assert_operator size, :>=, 64 * 1024, "a thread sampling native frames has a 64 KiB stack"
+      assert_operator used, :>, 0
+      assert_operator used, :<=, size / 2, "native frames need #{used} of #{size} bytes"
+    end
+  end
+
+  # Ruby's stack-overflow recovery longjmps out of a signal handler running
+  # when the fault came. The handler's signal must not stay blocked, nor its
+  # guard held: the thread goes on being sampled, in this profile and the
+  # next.
+  def test_a_handler_left_by_a_longjmp_leaves_its_thread_sampled
+    Strobe.start(mode: :wall, interval: 1000, raw: true)
+    reclaimed = Strobe::Native.guards_reclaimed
+    assert Strobe::Native.leave_a_handler, "the handler was left"
+    after_the_jump(0.3)
+    Strobe.stop
+    result = Strobe.results
+    after = result[:frames].values.find { |f| f[:name] == "TestSignalStack#after_the_jump" }
+    refute_nil after, "the thread was not sampled after its handler was left"
+    assert_operator after[:total_samples], :>, 0
+    assert_operator Strobe::Native.guards_reclaimed, :>, reclaimed, "the guard was taken back"
+    again = Strobe.run(mode: :cpu, interval: 1000) { after_the_jump(0.2) }
+    assert_operator again[:samples], :>, 0, "the next profile samples the thread"
+  end
+
+  # The real thing: SystemStackError rescued while sampled at 10 kHz, with
+  # native frames (the deepest handler). Before, it crashed or left the
+  # thread unsampled for good.
+  def test_stack_overflows_while_sampled
+    modes = [[:wall, false], [:cpu, false]]
+    modes += [[:wall, true], [:cpu, true]] if Strobe::Native::NATIVE_FRAMES
+    modes.each do |mode, native|
+      out, err, status = run_ruby(<<~RUBY, timeout: 120)
+        require "strobe"
+        deep = []
+        at = deep
+        200_000.times { inner = []; at << inner; at = inner }
+        Strobe.start(mode: :#{mode}, interval: 100#{', native: true' if native})
+        rescued = 0
+        10.times do
+          Marshal.dump(deep)
+        rescue SystemStackError
+          rescued += 1
+        end
+        Strobe.stop
+        first = Strobe.results[:samples]
+        def afterwards = (t = Process.clock_gettime(Process::CLOCK_MONOTONIC); nil until Process.clock_gettime(Process::CLOCK_MONOTONIC) - t > 0.2)
+        later = Strobe.run(mode: :#{mode}, interval: 1000) { afterwards }
+        puts [rescued, first > 0, later[:samples] > 0].inspect
+      RUBY
+      context = "#{mode}#{' native' if native}: #{status.inspect} #{err[0, 1500]}"
+      assert status.success?, context
+      assert_equal "[10, true, true]\n", out, context
+    end
+  end
+end
