@@ -73,6 +73,7 @@
  */
 #include "strobe.h"
 #include "sigstack.h"
+#include "gcspan.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -440,10 +441,15 @@ sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged, const void *ucon
      * it counts a GC, so with the flag clear afterwards every GC in the
      * count has finished and any GC overlapping the capture counts past it
      * (capture.c relies on this). */
+    if (strobe_gcspan_counts(t)) return -1; /* its GC is counted by the GC hooks */
     size_t gc_epoch = rb_gc_count();
     atomic_thread_fence(memory_order_acquire);
     int gc_kind = sample_kind_now();
     if (gc_kind < 0) return -1;
+    /* Another thread's GC, counted there: this one's frames cannot be read.
+     * A process-wide timer's tick is the process's, which that GC's count
+     * covers; a thread's own tick is lost (its signal came as GC began). */
+    if (gc_kind != STROBE_FRAME_RUBY && strobe_gcspan_under_way()) return S.process_timer ? -1 : 0;
     return strobe_capture(t, thread, gc_kind, gc_epoch, strobe_now_us(), unchanged, S.native ? ucontext : NULL);
 }
 
@@ -771,12 +777,14 @@ timer_main(void *arg)
         if (++ticks % reclaim_every == 0) strobe_threads_reclaim();
 
         int n = strobe_threads_len(), live = 0, idle_len = 0, job = 0;
+        int gc_elsewhere = strobe_gcspan_under_way();
         tick_tids_len = 0;
         int64_t now_us = strobe_now_us();
         for (int i = 0; i < n; i++) {
             strobe_thread_t *t = strobe_threads_at(i);
             if (atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
             if (atomic_load_explicit(&t->not_ruby, memory_order_relaxed)) continue;
+            if (strobe_gcspan_counts(t)) continue; /* in GC: the GC hooks count its time */
             live++;
             /* Its CPU time, wherever it runs (placement.c). */
             int64_t cpu = strobe_placement_cpu_ns(t, 100);
@@ -817,6 +825,12 @@ timer_main(void *arg)
                  * it is an M:N thread not holding the GVL, whose stack was
                  * noted as it left it. Record that stack again instead of
                  * interrupting it. */
+                /* Another thread runs a GC the GC hooks count: this one runs
+                 * no Ruby code meanwhile, its stack is as last read. */
+                if (gc_elsewhere && strobe_capture_drained(t->last_seq)) {
+                    idle_threads[idle_len++] = t;
+                    continue;
+                }
                 int64_t idle = atomic_load(&t->idle_cpu_ns);
                 /* (An M:N thread's CPU time is not kept in :wall mode.) */
                 int still = idle >= 0 && cpu - idle < idle_ns && !atomic_load(&t->mobile);
@@ -1077,6 +1091,8 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
     } else {
         atomic_store(&S.running, 1);
     }
+    if ((mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) && !strobe_profile.ignore_gc)
+        strobe_gcspan_start(mode, interval);
     rb_tracepoint_enable(S.thread_hook);
     return NULL;
 }
@@ -1086,6 +1102,7 @@ strobe_sampler_stop(void)
 {
     if (!atomic_exchange(&S.running, 0)) return;
     rb_tracepoint_disable(S.thread_hook);
+    strobe_gcspan_stop();
     if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) {
         timer_stop();
         process_timer_stop();
@@ -1229,6 +1246,7 @@ atfork_child(void)
     unlock_after_fork(1); /* this thread took both locks; it is the one left */
     strobe_placement_forget_tid();
     strobe_sigstack_after_fork();
+    strobe_gcspan_after_fork();
     gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
     atomic_store(&S.running, 0);

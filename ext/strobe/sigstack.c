@@ -206,7 +206,8 @@ strobe_guard_take_in_handler(strobe_thread_t *t, const void *frame)
     }
     if (holder != me) return 0;
     uintptr_t held = atomic_load(&t->guard_frame);
-    if (held == 0 || (uintptr_t)frame < held) return 0; /* outside a handler, or we run nested in it */
+    if (held == 0) return 0; /* code outside a handler holds it */
+    if ((uintptr_t)frame < held) return -1; /* we run nested in the handler holding it */
     if (!atomic_compare_exchange_strong(&t->guard_frame, &held, (uintptr_t)frame)) return 0;
     atomic_fetch_add(&reclaimed, 1);
     return 1;

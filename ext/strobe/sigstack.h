@@ -34,8 +34,10 @@ int strobe_sigstack_room(const void *frame, size_t need);
  * Async-signal-safe. Taking it from a signal handler: frame is an address
  * in the handler's frame (a local's); another handler of the same native
  * thread that holds it was left (longjmp) when this one does not run
- * nested inside it, and is taken over. Returns 1 when taken, 0 when held
- * (the caller counts a missed sample). */
+ * nested inside it, and is taken over. Returns 1 when taken, -1 when this
+ * handler interrupted the handler holding it on this thread (its tick is
+ * taken by that one as it ends: strobe_guard_owe_nested), 0 when held
+ * otherwise (the caller counts a missed sample). */
 int strobe_guard_take_in_handler(strobe_thread_t *t, const void *frame);
 /* Taking it outside any handler (a postponed job, a hook, Strobe.sample):
  * one held by a handler of the calling native thread was left, since no

@@ -153,6 +153,8 @@ typedef struct {
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
     atomic_int guard_tid;    /* re-entry guard (sigstack.c): native thread holding it, 0 none */
     atomic_uintptr_t guard_frame; /* the holding handler's frame, 0 for code outside a handler */
+    atomic_int nested_tick;  /* a signal came during its handler, which samples once more */
+    atomic_int in_gc;        /* it runs a GC the GC hooks count (gcspan.c) */
     atomic_int deferred;     /* a sample is owed at the next safe point (JIT, see sampler.c) */
     atomic_int not_ruby;     /* its kernel thread runs no Ruby thread (ended, parked in Ruby's thread cache) */
     int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */
