@@ -94,9 +94,14 @@ module Strobe
     # The result of everything sampled so far, while profiling goes on (it
     # forgets nothing: a later snapshot or results includes it all again);
     # nil when nothing was started. For a look at a long-running program
-    # (what `strobe serve` and the middleware's live view show).
-    def snapshot
-      result = Native.snapshot
+    # (what `strobe serve` shows). With reset: true the profile starts
+    # afresh at that instant instead: the next snapshot or results holds
+    # only what comes after, and no sample falls between the two (how the
+    # middleware saves every N requests while requests go on).
+    def snapshot(reset: false)
+      raise ArgumentError, "reset must be true or false, got #{reset.inspect}" unless [true, false].include?(reset)
+
+      result = Native.snapshot(reset)
       return nil unless result
 
       result[:metadata] = (@pending[:metadata] || {}).dup

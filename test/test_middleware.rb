@@ -23,10 +23,26 @@ class TestMiddleware < Minitest::Test
   end
 
   def work(env)
-    n = env["QUERY_STRING"].to_s[/n=(\d+)/, 1].to_i
+    query = env["QUERY_STRING"].to_s
+    n = query[/n=(\d+)/, 1].to_i
     n.times { |i| i.to_s }
+    burn_cpu(query[/cpu=(\d+)/, 1].to_i / 1000.0)
+    other_work(query[/other=(\d+)/, 1].to_i / 1000.0)
     [200, { "Content-Type" => "text/plain" }, ["page #{env['PATH_INFO']}"]]
   end
+
+  # Uses this much of the thread's CPU time (seconds): sampled in :cpu
+  # mode whatever the machine's load.
+  def burn_cpu(seconds)
+    return if seconds.zero?
+
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    deadline = Process.clock_gettime(clock) + seconds
+    "x".upcase while Process.clock_gettime(clock) < deadline
+  end
+
+  # Another request's code, told apart by its name.
+  def other_work(seconds) = burn_cpu(seconds)
 
   def app(**options)
     inner = method(:work)
@@ -117,16 +133,67 @@ class TestMiddleware < Minitest::Test
   # A permitted request asking with ?strobe=1 gets its own flamegraph.
   def test_flamegraph_of_one_request
     a = app(permit: ->(env) { env["HTTP_X_ADMIN"] == "yes" }, mode: :cpu, interval: 100)
-    plain = Rack::MockRequest.new(a).get("/page?n=300000&strobe=1")
+    plain = Rack::MockRequest.new(a).get("/page?cpu=50&strobe=1")
     assert_equal "page /page", plain.body, "not permitted: the page itself"
-    flame = Rack::MockRequest.new(a).get("/page?n=300000&strobe=1", "HTTP_X_ADMIN" => "yes")
+    flame = Rack::MockRequest.new(a).get("/page?cpu=50&strobe=1", "HTTP_X_ADMIN" => "yes")
     assert_equal 200, flame.status
     assert_equal "text/html; charset=utf-8", flame["Content-Type"]
     assert_includes flame.body, "<canvas"
     assert_includes flame.body, "TestMiddleware#work"
     assert_includes flame.body, "GET /page (Strobe)"
     short = Rack::MockRequest.new(a).get("/page?strobe=1", "HTTP_X_ADMIN" => "yes")
-    assert_match(/No samples were taken during this request/, short.body)
+    assert_match(/No samples of this request were taken/, short.body)
+  end
+
+  # A request's flamegraph holds its own samples only: not those of the
+  # requests before it, nor of one running beside it; and the profile the
+  # middleware saves keeps all of them.
+  def test_a_flamegraph_holds_only_its_request_and_takes_nothing_away
+    saved = Queue.new
+    a = app(enabled: true, mode: :cpu, interval: 200, save_every: 6, permit: ->(_) { true },
+            on_result: ->(r) { saved << r })
+    4.times { get(a, "/other?other=20") }
+    beside = Thread.new { get(a, "/other?other=300") }
+    sleep 0.01 until Strobe.running?
+    flame = get(a, "/page?cpu=60&strobe=1").body
+    beside.join
+    assert_includes flame, "TestMiddleware#burn_cpu"
+    refute_includes flame, "other_work", "another request's code in this request's flamegraph"
+    result = saved.pop
+    names = frames_by_name(result.merge(frames: result[:frames].select { |_, f| f[:name] != "<main>" }))
+    assert_operator names.dig("TestMiddleware#other_work", :total_samples).to_i, :>, 0
+    page_work = result[:frames].values.select { |f| f[:name] == "TestMiddleware#work" }.sum { |f| f[:total_samples] }
+    assert_operator page_work, :>=, names.dig("TestMiddleware#other_work", :total_samples).to_i,
+                    "the ?strobe=1 request's samples are kept in the profile"
+  end
+
+  # Overlapping requests (a threaded server) still save every save_every
+  # requests, each file holding what came after the one before.
+  def test_saves_on_schedule_while_requests_overlap
+    saved = Queue.new
+    gate = Queue.new
+    inner = lambda do |env|
+      gate.pop if env["PATH_INFO"] == "/slow"
+      burn_cpu(0.01)
+      [200, {}, ["ok"]]
+    end
+    mw = Strobe::Middleware.new(inner, enabled: true, mode: :wall, interval: 500, raw: true, save_every: 2,
+                                                on_result: ->(r) { saved << r })
+    slow = Thread.new { mw.call(Rack::MockRequest.env_for("/slow")) }
+    sleep 0.01 until Strobe.running?
+    6.times { mw.call(Rack::MockRequest.env_for("/fast")) }
+    assert Strobe.running?, "the slow request is still in flight"
+    results = Array.new(3) { saved.pop }
+    gate << :go
+    slow.join
+    assert_kind_of Hash, mw.save # the slow request's last part
+    results << saved.pop
+    results.each { |r| assert_operator r[:samples], :>, 0 }
+    # (on_result runs on threads of their own: results come in any order)
+    spans = results.map { |r| r[:raw_sample_timestamps].minmax }.sort
+    spans.each_cons(2) do |(_, last), (first, _)|
+      assert_operator last, :<, first, "a sample in two files, or out of order"
+    end
   end
 
   # When Strobe cannot profile, the request is served as usual.

@@ -100,6 +100,7 @@ strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, 
         p->native = 0;
         p->jit = STROBE_JIT_NONE;
         p->native_incomplete = 0;
+        p->cut = 0;
         strobe_native_reset();
         p->active = 1;
     }
@@ -128,6 +129,28 @@ strobe_profile_clear(void)
     p->prev_depth = 0;
     p->active = 0;
     atomic_store(&missed_samples, 0);
+}
+
+uint64_t
+strobe_profile_cut(int64_t now_us)
+{
+    strobe_profile_t *p = &strobe_profile;
+    p->samples = p->gc_samples = p->truncated_samples = 0;
+    p->native_incomplete = 0;
+    if (p->node_self) memset(p->node_self, 0, sizeof(uint64_t) * p->node_self_capa);
+    for (strobe_chunk_t *c = p->first_chunk, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    p->first_chunk = p->last_chunk = NULL;
+    for (int i = 0; i < p->threads_len; i++) {
+        p->threads[i].samples = 0;
+        memset(p->threads[i].states, 0, sizeof(p->threads[i].states));
+    }
+    p->start_us = now_us;
+    p->started_at_us = strobe_clock_ns(CLOCK_REALTIME) / 1000;
+    p->cut = 1;
+    return atomic_exchange(&missed_samples, 0);
 }
 
 int

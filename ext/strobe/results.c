@@ -367,6 +367,14 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     if (p->node_self) memcpy(self, p->node_self, sizeof(uint64_t) * (p->node_self_capa < st->nodes_len ? p->node_self_capa : st->nodes_len));
     strobe_results_aggregate(st->nodes, st->nodes_len, self, details, frame_ids, st->frames_len, p->aggregate);
     free(self);
+    /* After a cut, frames only earlier periods had. */
+    if (p->cut) {
+        VALUE sym_total = strobe_sym("total_samples");
+        for (uint32_t f = 0; f < st->frames_len; f++) {
+            VALUE total = rb_hash_aref(RARRAY_AREF(details, f), sym_total);
+            if (NIL_P(total) || total == INT2FIX(0)) rb_hash_delete(frames, UINT2NUM(f));
+        }
+    }
 
     /* Keyed by kernel tid. A thread with no tid of its own gets an id from
      * STROBE_SHARED_THREAD_ID_BASE up (never a tid): one Ruby scheduled M:N
@@ -378,6 +386,8 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
         int mn = p->threads[i].mn;
         VALUE id = INT2NUM(p->threads[i].tid);
         if (mn || rb_hash_lookup2(threads, id, Qundef) != Qundef) id = INT2NUM(STROBE_SHARED_THREAD_ID_BASE + i);
+        rb_ary_push(thread_ids, id);
+        if (p->cut && p->threads[i].samples == 0) continue; /* only in earlier periods */
         VALUE info = rb_hash_lookup2(threads, id, Qundef);
         if (info == Qundef) {
             info = rb_hash_new();
@@ -394,7 +404,6 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
             else
                 for (int s = 1; s < STROBE_STATES; s++) hash_add(states, strobe_state_sym(s), p->threads[i].states[s]);
         }
-        rb_ary_push(thread_ids, id);
     }
     rb_hash_aset(result, strobe_sym("threads"), threads);
     if (p->mode == STROBE_MODE_WALL || p->mode == STROBE_MODE_CPU) {
@@ -518,9 +527,13 @@ snapshot_body(VALUE holder)
 }
 
 /* The result built from a copy of the profile; with take, the profile is
- * cleared as soon as it is copied. */
+ * cleared as soon as it is copied; with cut, sampling goes on into an
+ * emptied profile, from the instant the copy ends (nothing is lost or
+ * counted twice between the two). */
+enum { COPY_KEEP, COPY_TAKE, COPY_CUT };
+
 static VALUE
-results_from_copy(int take)
+results_from_copy(int how)
 {
     strobe_sampler_flush();
     if (!strobe_profile.active) return Qnil;
@@ -532,8 +545,9 @@ results_from_copy(int take)
     DATA_PTR(holder) = s;
     strobe_profile_lock();
     snapshot_copy(s);
+    if (how == COPY_CUT && !s->failed) s->counters.missed = strobe_profile_cut(s->counters.end_us);
     strobe_profile_unlock();
-    if (take) {
+    if (how == COPY_TAKE) {
         strobe_profile_clear();
         strobe_capture_reset();
         strobe_sampler_forget_unsampled();
@@ -546,11 +560,11 @@ results_from_copy(int take)
 VALUE
 strobe_results_take(void)
 {
-    return results_from_copy(1);
+    return results_from_copy(COPY_TAKE);
 }
 
 VALUE
-strobe_results_snapshot(void)
+strobe_results_snapshot(int cut)
 {
-    return results_from_copy(0);
+    return results_from_copy(cut ? COPY_CUT : COPY_KEEP);
 }

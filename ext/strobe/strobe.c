@@ -281,12 +281,13 @@ native_results(VALUE self)
     return strobe_results_take();
 }
 
-/* Strobe::Native.snapshot -> Hash or nil: the result so far, while
- * profiling goes on; forgets nothing. */
+/* Strobe::Native.snapshot(cut) -> Hash or nil: the result so far, while
+ * profiling goes on; forgets nothing, or with cut, starts the profile
+ * afresh from that instant. */
 static VALUE
-native_snapshot(VALUE self)
+native_snapshot(VALUE self, VALUE cut)
 {
-    return strobe_results_snapshot();
+    return strobe_results_snapshot(RTEST(cut));
 }
 
 /* Strobe::Native.exclude_current_thread: the calling thread is never

@@ -466,6 +466,8 @@ typedef struct {
     int native;              /* some round captured native frames */
     int jit;                 /* STROBE_JIT_*: the JIT on when a round started */
     uint64_t native_incomplete; /* native stacks that did not reach the interpreter */
+    int cut;                 /* emptied while running (strobe_profile_cut): the stack
+                              * table holds frames of earlier periods too */
 } strobe_profile_t;
 
 extern strobe_profile_t strobe_profile;
@@ -479,6 +481,11 @@ void strobe_profile_lock(void);
 void strobe_profile_unlock(void);
 void strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, int ignore_gc);
 void strobe_profile_clear(void);
+/* Under the profile lock, sampling going on, its results just copied: the
+ * profile starts afresh at now_us (counts, sample log and missed count
+ * emptied; interned stacks kept, for the samples to come). Returns the
+ * missed count it took. */
+uint64_t strobe_profile_cut(int64_t now_us);
 int strobe_profile_thread_index(pid_t tid, VALUE thread);
 /* GVL held, on a finishing thread: keep its name, let go of the Thread. */
 void strobe_profile_thread_ended(strobe_thread_t *t);
@@ -542,7 +549,7 @@ void strobe_sampler_mark(void);
 VALUE strobe_results_take(void);
 /* The result so far, while profiling goes on (or nil), the same way; the
  * profile is kept. */
-VALUE strobe_results_snapshot(void);
+VALUE strobe_results_snapshot(int cut);
 void strobe_results_aggregate(const strobe_node_t *nodes, uint32_t nodes_len, const uint64_t *self,
                               VALUE details_by_frame, VALUE frame_ids, uint32_t frames_len, int aggregate);
 void strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,

@@ -1,9 +1,11 @@
 /*
  * subset.c - the result of one thread, derived from a result with raw data.
  *
- * Strobe::Native.thread_subset(result, thread_id) walks the result's raw
- * stacks (runs of identical stacks with a repeat count) alongside
- * raw_sample_threads, keeps the samples of that thread, and builds a new
+ * Strobe::Native.thread_subset(result, thread_id, from = nil, to = nil)
+ * walks the result's raw stacks (runs of identical stacks with a repeat
+ * count) alongside raw_sample_threads, keeps the samples of that thread
+ * (taken from `from` to `to`, CLOCK_MONOTONIC microseconds as
+ * raw_sample_timestamps has them, when given), and builds a new
  * result from them the same way live results are built: the stacks are
  * interned into a stack table, the kept samples become per-node self counts,
  * strobe_results_aggregate() derives samples/total_samples/edges/lines, and
@@ -30,6 +32,8 @@ typedef struct {
     uint8_t *states;         /* kept samples' GVL states */
     size_t kept, kept_capa;
     VALUE result, tid;
+    int window;              /* only samples taken from..to */
+    int64_t from, to;
 } subset_t;
 
 static void *
@@ -97,6 +101,7 @@ subset_body(VALUE arg)
     VALUE states = key(result, "raw_sample_states");
     int has_states = RB_TYPE_P(states, T_ARRAY);
     if (has_states && RARRAY_LEN(states) != n) CORRUPT("raw_sample_states does not match raw_sample_threads");
+    if (s->window && !has_times) rb_raise(rb_eArgError, "a time window needs raw_sample_timestamps");
 
     strobe_stack_table_init(&s->table);
     s->table_ready = 1;
@@ -111,6 +116,10 @@ subset_body(VALUE arg)
         int interned = 0;
         for (long k = sample; k < sample + count; k++) {
             if (!rb_eql(RARRAY_AREF(sample_threads, k), s->tid)) continue;
+            if (s->window) {
+                long stamp = strobe_fixnum_at(stamps, k, "raw_sample_timestamps");
+                if (stamp < s->from || stamp > s->to) continue;
+            }
             if (!interned) { /* root first, as raw lists it */
                 for (long d = 1; d <= depth; d++) {
                     VALUE id = RARRAY_AREF(raw, i + d);
@@ -209,20 +218,28 @@ subset_free(VALUE arg)
     return Qnil;
 }
 
-/* Strobe::Native.thread_subset(result, thread_id) -> the result of that thread. */
+/* Strobe::Native.thread_subset(result, thread_id, from = nil, to = nil)
+ * -> the result of that thread (from..to: its samples in that time). */
 static VALUE
-native_thread_subset(VALUE self, VALUE result, VALUE tid)
+native_thread_subset(int argc, VALUE *argv, VALUE self)
 {
+    VALUE result, tid, from, to;
+    rb_scan_args(argc, argv, "22", &result, &tid, &from, &to);
     Check_Type(result, T_HASH);
     subset_t s;
     memset(&s, 0, sizeof(s));
     s.result = result;
     s.tid = tid;
+    if (!NIL_P(from) || !NIL_P(to)) {
+        s.window = 1;
+        s.from = NIL_P(from) ? INT64_MIN : NUM2LL(from);
+        s.to = NIL_P(to) ? INT64_MAX : NUM2LL(to);
+    }
     return rb_ensure(subset_body, (VALUE)&s, subset_free, (VALUE)&s);
 }
 
 void
 strobe_subset_define(VALUE mNative)
 {
-    rb_define_singleton_method(mNative, "thread_subset", native_thread_subset, 2);
+    rb_define_singleton_method(mNative, "thread_subset", native_thread_subset, -1);
 }

@@ -27,13 +27,21 @@ module Strobe
   #   on_result:    instead of writing files, hand each saved result (a
   #                 Hash) to this proc, on a thread of its own
   #   permit:       a proc given the env: a request it permits that asks
-  #                 with ?strobe=1 is profiled on its own (raw, in the
-  #                 middleware's mode) and answered with its HTML flamegraph
-  #                 instead of the page
+  #                 with ?strobe=1 is answered with its HTML flamegraph
+  #                 instead of the page: the samples of its own thread while
+  #                 the application handled it, nothing of other requests
+  #                 (profiles are then kept raw: the flamegraph is cut
+  #                 from them)
   #
   # Requests that overlap (threaded servers) share one profile: it starts
   # with the first and stops when the last ends. The profile covers the
-  # application's call, not the streaming of the body afterwards.
+  # application's call, not the streaming of the body afterwards. Every
+  # save_every profiled requests it is saved, whether or not others are
+  # still running: then the profile so far is written and profiling goes
+  # on afresh from that instant, so consecutive files hold every sample
+  # once. A ?strobe=1 request takes part in that shared profile (its
+  # samples are in the next file too, if it was enabled) and takes nothing
+  # out of it.
   #
   # Profiling never breaks a request: when Strobe cannot start (another
   # profile is running, the signal is taken), or saving fails, the request
@@ -57,7 +65,7 @@ module Strobe
                    native: options[:native], metadata: options.fetch(:metadata, {}), format: options[:format] }.compact
       checked = Options.new(@profile) # every problem with them, now rather than per request
       @format = checked.format
-      @profile = @profile.except(:format).merge(raw: checked.raw)
+      @profile = @profile.except(:format).merge(raw: checked.raw || !@permit.nil?)
       @path = options.fetch(:path, DEFAULT_PATH)
       raise ArgumentError, "path must be a String, got #{@path.inspect}" unless @path.is_a?(String) && !@path.empty?
 
@@ -67,8 +75,8 @@ module Strobe
       end
 
       @lock = Mutex.new
-      @active = 0
-      @since_save = 0
+      @active = 0     # requests in the shared profile now
+      @since_save = 0 # enabled requests profiled since the last save
       @warned = {}
       at_exit { save } if check_switch(:save_at_exit, options.fetch(:save_at_exit, false))
     end
@@ -81,27 +89,26 @@ module Strobe
       begin
         @app.call(env)
       ensure
-        end_profiling if started
+        end_profiling(counted: true) if started
       end
     end
 
-    # Writes the profile collected so far (or hands it to on_result).
-    # Returns the file written, the result handed over, or nil when there
-    # is nothing to save.
+    # Writes the profile collected so far (or hands it to on_result); while
+    # requests are profiled, what they have so far, and profiling goes on
+    # afresh. Returns the file written, the result handed over, or nil when
+    # there is nothing to save.
     def save
-      result = @lock.synchronize { Strobe.running? ? nil : Strobe.results }
-      return nil unless result
+      deliver(@lock.synchronize { take_profile })
+    end
 
-      if @on_result
-        Thread.new { @on_result.call(result) }
-        return result
-      end
-      target = target_path(result)
-      FileUtils.mkdir_p(File.dirname(target))
-      Strobe.save(result, target, format: @format)
-    rescue StandardError => e
-      warn_once "could not save the profile: #{e.message}"
-      nil
+    # Takes what the profile holds (the caller holds @lock): after the last
+    # request, its result; during requests, a cut of it; nil when there is
+    # nothing, or the running profile is someone else's.
+    private def take_profile
+      @since_save = 0
+      return Strobe.results unless Strobe.running?
+
+      @active.positive? ? Strobe.snapshot(reset: true) : nil
     end
 
     private
@@ -126,6 +133,23 @@ module Strobe
       @permit && env["QUERY_STRING"].to_s.match?(FLAMEGRAPH_PARAM) && @permit.call(env)
     end
 
+    # Writes result (or hands it to on_result). Returns the file written,
+    # the result handed over, or nil.
+    def deliver(result)
+      return nil unless result
+
+      if @on_result
+        Thread.new { @on_result.call(result) }
+        return result
+      end
+      target = target_path(result)
+      FileUtils.mkdir_p(File.dirname(target))
+      Strobe.save(result, target, format: @format)
+    rescue StandardError => e
+      warn_once "could not save the profile: #{e.message}"
+      nil
+    end
+
     # The first of overlapping requests starts profiling. Returns whether
     # this request takes part in a profile (and must end it).
     def begin_profiling
@@ -144,51 +168,72 @@ module Strobe
       false
     end
 
-    # The last of overlapping requests stops profiling, and saves when
-    # save_every requests have been profiled since the last save.
-    def end_profiling
-      save_now = @lock.synchronize do
+    # The last of overlapping requests stops profiling. Every save_every
+    # counted requests the profile is taken (a cut of it while others run)
+    # and saved. A profile that holds no counted request (only ?strobe=1
+    # ones of a middleware not enabled for them) is dropped as it stops.
+    def end_profiling(counted:)
+      result = @lock.synchronize do
         @active -= 1
-        @since_save += 1
-        next false unless @active.zero?
-
-        Strobe.stop
-        due = @save_every && @since_save >= @save_every
-        @since_save = 0 if due
-        due
+        @since_save += 1 if counted
+        Strobe.stop if @active.zero?
+        if @save_every && @since_save >= @save_every
+          take_profile
+        elsif @active.zero? && @since_save.zero?
+          Strobe.results
+          nil
+        end
       end
-      save if save_now
+      deliver(result)
     rescue StandardError => e
       warn_once "profiling failed: #{e.message}"
     end
 
-    # One request, profiled on its own, answered with its flamegraph.
+    # A request answered with its flamegraph: it takes part in the shared
+    # profile like any other, and its flamegraph is cut from a snapshot of
+    # it: its thread's samples while the application handled it.
     def flamegraph_response(env)
-      result = nil
-      response = nil
-      entered = false
-      begin
-        result = Strobe.run(**@profile.merge(raw: true)) do
-          entered = true
-          response = @app.call(env)
-        end
-      rescue Strobe::Error, ArgumentError => e
-        raise if entered # the application's own error, not profiling's
-
-        warn_once "cannot profile this request: #{e.message}"
+      unless begin_profiling
+        warn_once "cannot profile this request: another profile is running"
         return @app.call(env)
+      end
+      thread = Thread.current.native_thread_id
+      from = now_us
+      begin
+        response = @app.call(env)
+        to = now_us
+        snapshot = Strobe.snapshot
+      ensure
+        end_profiling(counted: enabled?(env))
       end
       response[2].close if response[2].respond_to?(:close)
       title = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']} (Strobe)"
-      [200, { "Content-Type" => "text/html; charset=utf-8", "Cache-Control" => "no-store" }, [flamegraph_page(result, title)]]
+      [200, { "Content-Type" => "text/html; charset=utf-8", "Cache-Control" => "no-store" },
+       [flamegraph_page(request_samples(snapshot, thread, from, to), title)]]
+    end
+
+    def now_us
+      Process.clock_gettime(Process::CLOCK_MONOTONIC, :microsecond)
+    end
+
+    # The samples of one thread from..to, or nil when there are none (or
+    # the thread cannot be told apart: Ruby's M:N threads share native ones).
+    def request_samples(snapshot, thread, from, to)
+      info = snapshot && snapshot[:threads]&.fetch(thread, nil)
+      return nil unless info && !info[:mn] && snapshot[:raw]
+
+      result = Native.thread_subset(snapshot, thread, from, to)
+      result[:samples].positive? ? result : nil
     end
 
     def flamegraph_page(result, title)
-      unless result[:raw]
-        interval = result[:interval] ? " at #{result[:interval]} #{result[:mode] == :object ? 'allocations' : 'µs'}" : ""
+      unless result
+        interval = @profile[:interval] || Options::DEFAULT_INTERVAL.fetch(@profile[:mode].to_sym, nil)
+        interval = interval ? " at #{interval} #{@profile[:mode].to_sym == :object ? 'allocations' : 'µs'}" : ""
         return "<!DOCTYPE html><meta charset=\"utf-8\"><title>#{CGI.escapeHTML(title)}</title>" \
-               "<p>No samples were taken during this request (sampling #{result[:mode]}#{interval}): " \
-               "it was shorter than the interval.</p>"
+               "<p>No samples of this request were taken (sampling #{@profile[:mode]}#{interval}): it was " \
+               "shorter than the interval, or its thread could not be told apart from others (Ruby's M:N " \
+               "threads share native threads).</p>"
       end
       html = StringIO.new
       Report.new(result).print_flamegraph(html, title: title)
