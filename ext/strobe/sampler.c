@@ -1264,6 +1264,10 @@ atfork_child(void)
 void
 strobe_sampler_close_in_children(int fd)
 {
+    if (fd < 0) { /* unregistered: the socket closed, its number free for any file */
+        S.child_fd = -1;
+        return;
+    }
     if (S.null_fd < 0) S.null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (S.null_fd < 0) rb_sys_fail("/dev/null");
     S.child_fd = fd;

@@ -300,11 +300,15 @@ native_exclude_current_thread(VALUE self)
 }
 
 /* Strobe::Native.close_in_children(fd): forked children replace fd by
- * /dev/null as they start (strobe serve's listening socket). */
+ * /dev/null as they start (strobe serve's listening socket); nil: none
+ * any more (the socket was closed, and a file may get its number). */
 static VALUE
 native_close_in_children(VALUE self, VALUE fd)
 {
-    strobe_sampler_close_in_children(NUM2INT(fd));
+    int n = NIL_P(fd) ? -1 : NUM2INT(fd);
+    if (!NIL_P(fd) && n < 0)
+        rb_raise(rb_eArgError, "close_in_children: %d is no file descriptor (nil unregisters)", n);
+    strobe_sampler_close_in_children(n);
     return Qnil;
 }
 
@@ -348,7 +352,7 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "define_stackprof", native_define_stackprof, 1);
     rb_define_singleton_method(mNative, "results", native_results, 0);
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
-    rb_define_singleton_method(mNative, "snapshot", native_snapshot, 0);
+    rb_define_singleton_method(mNative, "snapshot", native_snapshot, 1);
     rb_define_singleton_method(mNative, "exclude_current_thread", native_exclude_current_thread, 0);
     rb_define_singleton_method(mNative, "close_in_children", native_close_in_children, 1);
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */

@@ -23,17 +23,18 @@
 #   STROBE_SERVE     a port (0: any free one): instead of writing a file,
 #                    serve the profile so far as Firefox Profiler JSON on
 #                    127.0.0.1 (see Strobe::Serve), and once the program
-#                    ends, keep serving it until INT or TERM. A process that
-#                    cannot bind the port (a child of the first) is not
-#                    profiled.
+#                    ends, keep serving it until INT or TERM (a program
+#                    ended by TERM is not served any longer). A process
+#                    that cannot bind the port (a child of the first) is
+#                    not profiled.
 #
 # The profile is written when the program exits, after the program's own
 # at_exit handlers (this one is registered first, so it runs last). A bad
 # setting or a failure is reported as one `strobe: ...` line on stderr and
 # never stops the program. Forked children do not write the profile: only the
 # process that started profiling does. Every Ruby process started with this
-# RUBYOPT profiles itself and writes STROBE_OUT, so a program that runs other
-# Ruby programs leaves the profile of whichever exits last.
+# RUBYOPT profiles itself: with STROBE_OUT they all write that one file (the
+# one that exits last wins), with STROBE_OUT_DIR each its own.
 
 module Strobe
   # Reads the STROBE_* environment and profiles the current process.
@@ -106,7 +107,7 @@ module Strobe
       port = integer("STROBE_SERVE", present("STROBE_SERVE"))
       raise ArgumentError, "STROBE_SERVE must be a port from 0 to 65535, got #{port}" unless port.between?(0, 65_535)
 
-      opts = options.slice(:mode, :interval, :ignore_gc).merge(raw: true)
+      opts = servable(options.slice(:mode, :interval, :ignore_gc, :native).merge(raw: true))
       begin
         server = Serve.new(port, err: @err)
       rescue SystemCallError => e
@@ -137,20 +138,50 @@ module Strobe
 
     private
 
+    # The options STROBE_SERVE profiles with, checked before the port is
+    # bound: Strobe.start would refuse them only once the server runs.
+    def servable(opts)
+      if opts[:mode].to_s == "trace"
+        raise ArgumentError, "STROBE_MODE=trace cannot be served (the Firefox export is of samples: use wall, cpu, " \
+                             "object or custom)"
+      end
+      Options.new(opts)
+      opts
+    end
+
+    # How often keep_serving looks for INT or TERM (trap handlers only
+    # queue them): a timed wait is never taken for a deadlock by Ruby, even
+    # when the program has killed every other thread.
+    WAIT_STEP = 0.2
+
     # At exit: profiling stops, the profile stays served until INT or TERM.
     # What the program wrote is flushed first, and how it ended is said
-    # (Ruby prints an uncaught exception's backtrace only after this).
+    # (Ruby prints an uncaught exception's backtrace only after this). A
+    # program ended by a signal other than INT (TERM from a process manager,
+    # say) ends the serving too: one TERM ends both. Server threads the
+    # program killed are started again first.
     def keep_serving(server)
       return unless Process.pid == @pid
 
+      error = $! # what ended the program, if anything
       Strobe.stop
       [$stdout, $stderr].each { |io| io.flush rescue nil } # rubocop:disable Style/RescueModifier
-      @err.puts "strobe: #{how_it_ended($!)}; its profile is still served at #{server.url} (Ctrl-C to quit)"
+      ended = how_it_ended(error)
+      if error.is_a?(SignalException) && !error.is_a?(Interrupt)
+        server.stop
+        return @err.puts("strobe: #{ended}; its profile is no longer served")
+      end
+      unless server.revive
+        server.stop
+        return @err.puts("strobe: #{ended}; its profile cannot be served any more (the server has stopped)")
+      end
+
+      @err.puts "strobe: #{ended}; its profile is still served at #{server.url} (Ctrl-C to quit)"
       done = Queue.new
       %w[INT TERM].each { |signal| trap(signal) { done << signal } }
-      done.pop
+      sleep WAIT_STEP while done.empty?
       server.stop
-    rescue Interrupt
+    rescue SignalException # INT or TERM before the traps were in place
       server.stop
     end
 
@@ -158,6 +189,8 @@ module Strobe
       case error
       when nil then "the program has finished"
       when SystemExit then error.success? ? "the program has finished" : "the program exited with status #{error.status}"
+      when Interrupt then "the program was interrupted"
+      when SignalException then "the program was ended by #{error.signm}"
       else "the program ended with #{error.class}: #{error.message.lines.first&.chomp}"
       end
     end

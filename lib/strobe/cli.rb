@@ -207,6 +207,10 @@ module Strobe
       unless MODES.include?(settings[:mode])
         raise UsageError, "serve: invalid mode: #{settings[:mode]} (use one of #{MODES.join(', ')})"
       end
+      if settings[:mode] == "trace"
+        raise UsageError, "serve: mode trace cannot be served (the Firefox Profiler shows samples: use one of " \
+                          "#{(MODES - ['trace']).join(', ')})"
+      end
 
       begin
         Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native])
@@ -228,8 +232,11 @@ module Strobe
         parser.banner = "Usage: strobe serve [options] [--] COMMAND [ARGS...]"
         parser.separator ""
         parser.separator "Runs COMMAND (e.g. `ruby app.rb`) profiled by Strobe, and serves the profile collected so"
-        parser.separator "far on http://127.0.0.1:PORT/profile.json for the Firefox Profiler; the link to open is"
-        parser.separator "printed on stderr. When COMMAND's Ruby program ends, its profile stays served until Ctrl-C."
+        parser.separator "far on http://127.0.0.1:PORT/TOKEN/profile.json for the Firefox Profiler; the link to open"
+        parser.separator "is printed on stderr. TOKEN is random: only who has the link can read the profile, and"
+        parser.separator "only the Firefox Profiler's page (https://profiler.firefox.com) may read it from a browser."
+        parser.separator "When COMMAND's Ruby program ends, its profile stays served until Ctrl-C (or TERM); a"
+        parser.separator "program ended by TERM is not served any longer. Mode trace is not served."
         parser.separator ""
         parser.separator "Options:"
         sampling_options(parser, settings)
