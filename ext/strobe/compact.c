@@ -11,13 +11,64 @@
  * the frame ids of raw arrays (for merging results).
  *
  * GVL held; not signal-safe. Work is linear in the samples, in C.
+ *
+ * What expanding may cost. The node table lets a few kilobytes describe
+ * stacks that expand to gigabytes: a 24 KB .json.gz holding a chain of
+ * 10,000 nodes and 10,000 samples alternating between two leaves under it
+ * made raw and raw_lines 100 million entries, 1.6 GB. So expand first adds
+ * up what raw will hold (per run of samples on one node, as
+ * strobe_results_raw writes it: the node's depth + 2 entries) and refuses
+ * more than strobe_expand_limit:
+ *   max(FLOOR, min(PER_NUMBER x the numbers of the stacks section,
+ *                  PER_BYTE x the bytes of the file as stored)).
+ * An entry costs 16 bytes (a slot in raw and one in raw_lines).
+ *   - FLOOR, 2**24 entries (256 MB of slots), holds any profile of ordinary
+ *     size, e.g. 64,000 samples 256 frames deep, every one on another stack
+ *     than the one before.
+ *   - PER_NUMBER, 128: a number costs at least 8 bytes once parsed, so
+ *     expanding takes at most 256 times that memory. A profile as Strobe
+ *     writes it (a node, a delta and a thread a sample) passes while its
+ *     samples average up to about 380 frames deep with every one on a new
+ *     stack, deeper where runs repeat a stack. Strobe records up to 1,024
+ *     (STROBE_MAX_DEPTH): only long profiles of stacks mostly deeper than
+ *     that are refused.
+ *   - PER_BYTE, 1,024: gzip makes numbers nearly free (a column of zeros,
+ *     samples alternating between two nodes), so a small .json.gz could
+ *     give millions; per byte of the file, expanding takes at most 16 KB.
+ *     Strobe's own :wall and :cpu files 1,000 frames deep took 155 to 296
+ *     entries a gzipped byte (about 60% of samples on a new stack), 406
+ *     with every sample on a new one. Samples microseconds apart (:custom,
+ *     :object) compress far better: 2,995 a byte, 1,000 deep, every sample
+ *     on a new stack; such a file past the floor loads once gunzipped.
  */
 #include "strobe.h"
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
 
 #define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
+
+uint64_t
+strobe_expand_limit(uint64_t numbers, uint64_t stored)
+{
+    uint64_t limit, per_byte;
+    if (__builtin_mul_overflow(numbers, (uint64_t)STROBE_EXPAND_PER_NUMBER, &limit)) limit = UINT64_MAX;
+    if (stored && !__builtin_mul_overflow(stored, (uint64_t)STROBE_EXPAND_PER_BYTE, &per_byte) && per_byte < limit)
+        limit = per_byte;
+    return limit > STROBE_EXPAND_FLOOR ? limit : STROBE_EXPAND_FLOOR;
+}
+
+/* A size given from Ruby: nil (0) or a non-negative Integer, at most
+ * UINT64_MAX (larger ones count as that). */
+static uint64_t
+size_arg(VALUE v, const char *what)
+{
+    if (NIL_P(v)) return 0;
+    if (!RB_INTEGER_TYPE_P(v) || RTEST(rb_funcall(v, rb_intern("negative?"), 0)))
+        rb_raise(rb_eArgError, "%s must be nil or a non-negative Integer", what);
+    return rb_absint_size(v, NULL) <= sizeof(uint64_t) ? NUM2ULL(v) : UINT64_MAX;
+}
 
 static long
 array_len(VALUE ary, const char *what)
@@ -145,6 +196,7 @@ native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE s
 
 typedef struct {
     strobe_node_t *nodes;
+    uint32_t *depth;         /* per node: its frames (the root 0) */
     uint32_t *sample_nodes;
     int64_t *times;
     uint16_t *threads;
@@ -155,13 +207,14 @@ static VALUE
 free_buffers(VALUE arg)
 {
     expand_buffers_t *b = (expand_buffers_t *)arg;
-    free(b->nodes); free(b->sample_nodes); free(b->times); free(b->threads); free(b->states);
+    free(b->nodes); free(b->depth); free(b->sample_nodes); free(b->times); free(b->threads); free(b->states);
     return Qnil;
 }
 
 typedef struct {
     expand_buffers_t *b;
     VALUE result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states;
+    uint64_t stored;         /* the file's size as stored, 0 if not known */
 } expand_args_t;
 
 static VALUE
@@ -176,7 +229,8 @@ expand_body(VALUE arg)
     if (nodes_len > (long)UINT32_MAX) CORRUPT("too many nodes");
 
     b->nodes = calloc((size_t)nodes_len, sizeof(strobe_node_t));
-    if (!b->nodes) rb_memerror();
+    b->depth = calloc((size_t)nodes_len, sizeof(uint32_t));
+    if (!b->nodes || !b->depth) rb_memerror();
     for (long k = 1; k < nodes_len; k++) {
         long parent = strobe_fixnum_at(a->nodes, (k - 1) * 3, "nodes");
         long frame = strobe_fixnum_at(a->nodes, (k - 1) * 3 + 1, "nodes");
@@ -185,6 +239,7 @@ expand_body(VALUE arg)
         if (frame < 0 || frame >= frames_len) CORRUPT("node %ld refers to frame %ld of %ld", k, frame, frames_len);
         if (line < INT32_MIN || line > INT32_MAX) CORRUPT("node %ld has line %ld", k, line);
         b->nodes[k] = (strobe_node_t){ (uint32_t)parent, (uint32_t)frame, (int32_t)line };
+        b->depth[k] = b->depth[parent] + 1; /* at most k: no overflow */
     }
 
     long n = array_len(a->samples, "samples");
@@ -203,9 +258,13 @@ expand_body(VALUE arg)
     b->states = calloc((size_t)(n ? n : 1), 1);
     if (!b->sample_nodes || !b->times || !b->threads || !b->states) rb_memerror();
     int64_t start = start_time_of(a->start_time), t = start;
+    uint64_t entries = 0; /* what raw will hold (see the top of this file) */
     for (long k = 0; k < n; k++) {
         long node = strobe_fixnum_at(a->samples, k, "samples");
         if (node <= 0 || node >= nodes_len) CORRUPT("sample %ld refers to node %ld of %ld", k, node, nodes_len - 1);
+        if ((k == 0 || b->sample_nodes[k - 1] != (uint32_t)node) &&
+            __builtin_add_overflow(entries, (uint64_t)b->depth[node] + 2, &entries))
+            entries = UINT64_MAX;
         b->sample_nodes[k] = (uint32_t)node;
         if (deltas_len) {
             if (__builtin_add_overflow(t, (int64_t)strobe_fixnum_at(a->deltas, k, "sample_deltas"), &t))
@@ -223,6 +282,14 @@ expand_body(VALUE arg)
             b->states[k] = (uint8_t)state;
         }
     }
+    /* Array lengths are below 2**60 (LONG_MAX / 8): no overflow. */
+    uint64_t numbers = (uint64_t)nodes_flat + (uint64_t)n + (uint64_t)deltas_len + (uint64_t)threads_len +
+                       (uint64_t)states_len;
+    uint64_t limit = strobe_expand_limit(numbers, a->stored);
+    if (entries > limit)
+        CORRUPT("its %ld samples' stacks would expand to %"PRIu64" raw entries, over this file's limit of %"PRIu64
+                " (%d per number of its stacks section and %d per byte of the file, at least %"PRIu64")",
+                n, entries, limit, STROBE_EXPAND_PER_NUMBER, STROBE_EXPAND_PER_BYTE, STROBE_EXPAND_FLOOR);
     strobe_results_raw(a->result, b->nodes, (uint32_t)n, b->sample_nodes, deltas_len ? b->times : NULL,
                        a->thread_ids, threads_len ? b->threads : NULL, states_len ? b->states : NULL,
                        start, a->frame_ids);
@@ -230,19 +297,33 @@ expand_body(VALUE arg)
 }
 
 /* Strobe::Native.expand(result, nodes, frame_ids, samples, deltas,
- *                       start_time, sample_threads, thread_ids, sample_states)
+ *                       start_time, sample_threads, thread_ids, sample_states,
+ *                       stored)
  * Sets raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas,
  * raw_sample_threads and raw_sample_states on result (each per-sample
- * column may be empty: its key is then left out). */
+ * column may be empty: its key is then left out). stored: the file's size
+ * as stored (gzipped or not), or nil; it bounds the expansion with the
+ * numbers given (see the top of this file). */
 static VALUE
 native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samples, VALUE deltas,
-              VALUE start_time, VALUE threads, VALUE thread_ids, VALUE states)
+              VALUE start_time, VALUE threads, VALUE thread_ids, VALUE states, VALUE stored)
 {
     Check_Type(result, T_HASH);
     start_time_of(start_time);
-    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL };
-    expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states };
+    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL, NULL };
+    expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states,
+                        size_arg(stored, "the file's size") };
     return rb_ensure(expand_body, (VALUE)&a, free_buffers, (VALUE)&b);
+}
+
+/* Strobe::Native.expand_limit(numbers, stored) -> the most entries a file
+ * of stored bytes (nil: not known) giving numbers numbers may expand to;
+ * what expand allows, for loaders that expand other data (stackprof's raw
+ * counts). */
+static VALUE
+native_expand_limit(VALUE self, VALUE numbers, VALUE stored)
+{
+    return ULL2NUM(strobe_expand_limit(size_arg(numbers, "numbers"), size_arg(stored, "the file's size")));
 }
 
 /* Strobe::Native.remap_raw(raw, map) -> a copy of raw (stackprof's
@@ -273,6 +354,11 @@ void
 strobe_compact_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "compact", native_compact, 8);
-    rb_define_singleton_method(mNative, "expand", native_expand, 9);
+    rb_define_singleton_method(mNative, "expand", native_expand, 10);
+    rb_define_singleton_method(mNative, "expand_limit", native_expand_limit, 2);
     rb_define_singleton_method(mNative, "remap_raw", native_remap_raw, 2);
+    /* The limit on expanding a file's samples, for the docs and tests. */
+    rb_define_const(mNative, "EXPAND_FLOOR", ULL2NUM(STROBE_EXPAND_FLOOR));
+    rb_define_const(mNative, "EXPAND_PER_NUMBER", INT2FIX(STROBE_EXPAND_PER_NUMBER));
+    rb_define_const(mNative, "EXPAND_PER_BYTE", INT2FIX(STROBE_EXPAND_PER_BYTE));
 }

@@ -573,6 +573,16 @@ int strobe_trace_active(void);
 
 /* ---- compact.c ------------------------------------------------------------ */
 
+/* How far loading may expand a file's samples (see compact.c): at most
+ * STROBE_EXPAND_PER_NUMBER entries per number the file gives for them and
+ * STROBE_EXPAND_PER_BYTE per byte of the file as stored, or
+ * STROBE_EXPAND_FLOOR whatever the file; more is refused. */
+#define STROBE_EXPAND_FLOOR ((uint64_t)1 << 24)
+#define STROBE_EXPAND_PER_NUMBER 128
+#define STROBE_EXPAND_PER_BYTE 1024
+/* That limit for numbers numbers in a file of stored bytes (0: not known,
+ * no limit per byte); overflow-checked. */
+uint64_t strobe_expand_limit(uint64_t numbers, uint64_t stored);
 void strobe_compact_define(VALUE mNative);
 
 /* ---- subset.c --------------------------------------------------------------- */

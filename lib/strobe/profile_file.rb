@@ -127,12 +127,15 @@ module Strobe
     end
 
     # Parses the bytes of a profile file. name is used in error messages.
+    # How far its samples may expand depends on its size as stored
+    # (gzipped or not; see compact.c).
     def parse(bytes, name = "profile", marshal: false)
       raise ProfileError, "#{name}: file is empty" if bytes.empty?
 
+      stored = bytes.bytesize
       bytes = gunzip(bytes, name) if bytes.start_with?(GZIP_MAGIC)
       if bytes.start_with?(MARSHAL_MAGIC)
-        return load_marshal(bytes, name) if marshal
+        return load_marshal(bytes, name, stored) if marshal
 
         raise ProfileError, "#{name}: a Marshal dump (stackprof's format); Strobe loads Marshal data only " \
                             "when asked (--marshal), since it can run code"
@@ -145,20 +148,20 @@ module Strobe
       raise ProfileError, "#{name}: not a profile (expected a JSON object)" unless doc.is_a?(Hash)
 
       begin
-        decode(doc, name)
+        decode(doc, name, stored: stored)
       rescue TypeError, NoMethodError, ArgumentError => e
         # A value of the wrong JSON type somewhere in the document.
         raise ProfileError, "#{name}: malformed profile (#{e.message.lines.first.chomp})"
       end
     end
 
-    def load_marshal(bytes, name)
+    def load_marshal(bytes, name, stored = nil)
       result = Marshal.load(bytes) # rubocop:disable Security/MarshalLoad -- the caller opted in
       unless result.is_a?(Hash) && result[:frames].is_a?(Hash)
         raise ProfileError, "#{name}: the Marshal dump is not a profile"
       end
 
-      result
+      check_raw_counts(result, name, stored)
     rescue TypeError, ArgumentError, EncodingError => e
       raise ProfileError, "#{name}: not a valid Marshal dump (#{e.message.lines.first.chomp})"
     end
@@ -167,13 +170,28 @@ module Strobe
     # about 10 MB); a file that inflates past it is refused, not read into
     # memory whole.
     MAX_INFLATED = 1 << 30
+    # Nor may a small file inflate to much more than it holds: at most
+    # INFLATE_RATIO times its own size, or INFLATE_FLOOR (32 MB, about three
+    # million samples), whichever is more. Strobe's files compress 5 to 10
+    # times in :wall and :cpu; :object and :custom files, whose samples
+    # repeat a stack and a delta, measured 124 and 169 times (three million
+    # samples; 161 and 227 at gzip's best level), so 256 leaves them room,
+    # while a gzip bomb (deflate reaches about 1,000 times) is stopped at
+    # 32 MB for a file under 128 KB, instead of at MAX_INFLATED.
+    INFLATE_RATIO = 256
+    INFLATE_FLOOR = 32 << 20
 
     def gunzip(bytes, name)
+      cap = (INFLATE_RATIO * bytes.bytesize).clamp(INFLATE_FLOOR, MAX_INFLATED)
       reader = Zlib::GzipReader.new(StringIO.new(bytes))
       out = +""
       while (chunk = reader.read(1 << 20))
         out << chunk
-        raise ProfileError, "#{name}: decompresses to more than #{MAX_INFLATED >> 20} MB" if out.bytesize > MAX_INFLATED
+        next if out.bytesize <= cap
+        raise ProfileError, "#{name}: decompresses to more than #{MAX_INFLATED >> 20} MB" if cap == MAX_INFLATED
+
+        raise ProfileError, "#{name}: decompresses to more than #{cap >> 20} MB, over #{INFLATE_RATIO} times its " \
+                            "own size (a gzip bomb?); a genuine profile loads once gunzipped"
       end
       out
     rescue Zlib::Error => e
@@ -247,8 +265,10 @@ module Strobe
       stacks
     end
 
-    def decode(doc, name)
-      return decode_stackprof(doc, name) unless doc.key?(:strobe_file)
+    # stored: the file's size as stored, if known (it bounds how far its
+    # samples may expand).
+    def decode(doc, name, stored: nil)
+      return decode_stackprof(doc, name, stored) unless doc.key?(:strobe_file)
       unless doc[:strobe_file] == FORMAT
         raise ProfileError, "#{name}: Strobe file format #{doc[:strobe_file].inspect} is not supported (expected #{FORMAT})"
       end
@@ -260,7 +280,11 @@ module Strobe
       result[:threads] = threads_list.to_h { |t| decode_thread(t, name) }
       extras = doc.keys - %i[strobe_file frames threads stacks] - result.keys
       extras.each { |key| result[key] = doc[key] }
-      decode_stacks(result, doc[:stacks], frames_list, threads_list, name) if doc[:stacks]
+      if doc[:stacks]
+        decode_stacks(result, doc[:stacks], frames_list, threads_list, name, stored)
+      else
+        check_raw_counts(result, name, stored)
+      end
       result
     end
 
@@ -353,19 +377,19 @@ module Strobe
       raise ProfileError, "#{name}: frame #{frame[:id].inspect} is malformed"
     end
 
-    def decode_stacks(result, stacks, frames_list, threads_list, name)
+    def decode_stacks(result, stacks, frames_list, threads_list, name, stored = nil)
       raise ProfileError, "#{name}: stacks is not an object" unless stacks.is_a?(Hash)
 
       Native.expand(result, stacks[:nodes], frames_list.map { |f| f[:id] }, stacks[:samples],
                     stacks[:deltas] || [], stacks[:start_time] || 0, stacks[:threads] || [],
-                    threads_list.map { |t| t[:id] }, stacks[:states] || [])
+                    threads_list.map { |t| t[:id] }, stacks[:states] || [], stored)
       result
     rescue ProfileError => e
       raise ProfileError, "#{name}: #{e.message}"
     end
 
     # A stackprof result saved as JSON (its frames keyed by id strings).
-    def decode_stackprof(doc, name)
+    def decode_stackprof(doc, name, stored = nil)
       frames = expect(doc, :frames, Hash, name)
       result = header(doc, name)
       result[:frames] = frames.to_h do |id, frame|
@@ -379,6 +403,40 @@ module Strobe
         decode_frame(frame.merge(id: id.to_s.to_i, edges: edges, lines: lines).compact, name)
       end
       (doc.keys - result.keys).each { |key| result[key] = doc[key] }
+      check_raw_counts(result, name, stored)
+    end
+
+    # A raw array taken from a file as it is (a stackprof result, or a
+    # Marshal dump) says per run of samples how many there were, and reports
+    # and exports make that many per-sample entries (about 20 bytes each):
+    # counts claiming more samples than the file gives numbers for are held
+    # to the limit on expanding Strobe's own files (Native.expand_limit, see
+    # compact.c), of the numbers of its raw data and its size as stored.
+    # Counts are only added up here; a malformed raw is left to the reports,
+    # which say what is wrong with it. Returns result.
+    def check_raw_counts(result, name, stored = nil)
+      raw = result[:raw]
+      return result unless raw.is_a?(Array)
+
+      numbers = RAW_KEYS.sum { |key| key == :raw_lines || !result[key].is_a?(Array) ? 0 : result[key].size }
+      limit = Native.expand_limit(numbers, stored)
+      samples = 0
+      i = 0
+      while i < raw.size
+        depth = raw[i]
+        break unless depth.is_a?(Integer) && depth >= 0 && depth <= raw.size - i - 2
+
+        count = raw[i + depth + 1]
+        break unless count.is_a?(Integer) && !count.negative?
+
+        samples += count
+        if samples > limit
+          raise ProfileError, "#{name}: raw counts more than #{limit} samples, over this file's limit " \
+                              "(#{Native::EXPAND_PER_NUMBER} per number of its raw data and #{Native::EXPAND_PER_BYTE} " \
+                              "per byte of the file, at least #{Native::EXPAND_FLOOR})"
+        end
+        i += depth + 2
+      end
       result
     end
 

@@ -76,7 +76,97 @@ class TestHostileFiles < Minitest::Test
       assert_refused(path, /frame 1 .*total_samples is not a non-negative integer/)
       bomb = File.join(dir, "bomb.json.gz")
       Zlib::GzipWriter.open(bomb) { |gz| 1100.times { gz.write(" " * (1 << 20)) } }
-      assert_refused(bomb, /decompresses to more than 1024 MB/)
+      assert_refused(bomb, /decompresses to more than \d+ MB, over 256 times its own size/)
+    end
+  end
+
+  # --- files that describe far more than they hold -------------------------------
+
+  # `strobe report` with its address space limited to 1.5 GB (on the plain
+  # build, without the sanitizer runtime, which reserves terabytes), so a
+  # file that makes it expand without limit fails the test instead of
+  # swapping: [stdout, stderr, status].
+  def report_limited(path, *options)
+    env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil, "STROBE_LIB" => nil }
+    Open3.popen3(env, RbConfig.ruby, "-I#{LIB}", STROBE, "report", path, *options, rlimit_as: 3 << 29, pgroup: true) do |i, o, e, wait|
+      i.close
+      out = Thread.new { o.read }
+      err = Thread.new { e.read }
+      unless wait.join(300)
+        Process.kill(:KILL, -wait.pid)
+        flunk "strobe report #{path} did not finish within 300s"
+      end
+      [out.value, err.value, wait.value]
+    end
+  end
+
+  # A Strobe profile document (ProfileFile.encode's layout): a chain of
+  # depth nodes, two leaves under it, samples alternating between them,
+  # with deltas (from deltas, a block giving each) and a thread each.
+  def chain_doc(depth, samples, &deltas)
+    nodes = []
+    depth.times { |k| nodes.push(k, 0, 1) }
+    nodes.push(depth, 1, 2, depth, 2, 3)
+    stacks = { start_time: 0, nodes: nodes, samples: Array.new(samples) { |i| depth + 1 + (i % 2) }, deltas: [],
+               threads: [] }
+    stacks.update(deltas: Array.new(samples, &deltas), threads: Array.new(samples, 0)) if deltas
+    { strobe_file: 1, mode: "wall", interval: 1000, samples: samples, gc_samples: 0, missed_samples: 0,
+      frames: [{ id: 1, name: "chain", file: "a.rb", line: 1, total_samples: samples, samples: 0 },
+               { id: 2, name: "a", file: "a.rb", line: 2, total_samples: samples / 2, samples: samples / 2 },
+               { id: 3, name: "b", file: "a.rb", line: 3, total_samples: samples / 2, samples: samples / 2 }],
+      threads: [{ id: 1, name: "main", samples: samples, main: true }], stacks: stacks }
+  end
+
+  # The review's files: 24 KB (10,000 deep, 10,000 samples: 1.6 GB when
+  # expanded) and 47 KB (20,000 deep, 40,000 samples: 13 GB); a column of
+  # zero deltas under a 380-deep chain (1.2 GB from 3 KB); and a stackprof
+  # result claiming a billion samples in one run. One line each, in bounded
+  # memory.
+  def test_small_files_describing_huge_profiles
+    Dir.mktmpdir do |dir|
+      files = {
+        "review.json.gz" => chain_doc(10_000, 10_000),
+        "review47.json.gz" => chain_doc(20_000, 40_000),
+        "zeros.json.gz" => chain_doc(380, 200_000) { 0 },
+      }
+      files.each do |name, doc|
+        path = File.join(dir, name)
+        File.binwrite(path, Zlib.gzip(JSON.generate(doc), level: 9))
+        out, err, status = report_limited(path)
+        assert_equal [1, "", 1], [status.exitstatus, out, err.lines.size], "#{name}: #{err[0, 600]}"
+        assert_match(/\Astrobe: cannot read profile #{Regexp.escape(path)}: its \d+ samples' stacks would expand to /, err)
+      end
+      path = File.join(dir, "stackprof.json")
+      File.write(path, JSON.generate(mode: "wall", interval: 1000, samples: 10**9, frames: { "1" => { name: "x" } },
+                                     raw: [1, 1, 10**9]))
+      %w[--speedscope --firefox --pprof --timeline-flamegraph].each do |format|
+        out, err, status = report_limited(path, format)
+        assert_equal [1, "", 1], [status.exitstatus, out, err.lines.size], "#{format}: #{err[0, 600]}"
+        assert_match(/\Astrobe: cannot read profile .*: raw counts more than \d+ samples/, err)
+      end
+    end
+  end
+
+  # A file at the limit past its floor, shaped as Strobe writes them (a
+  # delta with some jitter and a thread a sample): 50,000 samples on
+  # alternating leaves under a 380-deep chain expand to 19.15 million raw
+  # entries, within 128 per number. It loads, and every report on it runs
+  # within 1.5 GB (it measured 320 MB, 470 MB for --json).
+  def test_reports_on_a_file_at_the_limit
+    Dir.mktmpdir do |dir|
+      rng = Random.new(3)
+      path = File.join(dir, "limit.json.gz")
+      File.binwrite(path, Zlib.gzip(JSON.generate(chain_doc(380, 50_000) { 1000 + rng.rand(-40..40) })))
+      %w[--text --files --stackcollapse --flamegraph --timeline-flamegraph --speedscope --firefox --pprof --json
+         --callgrind --graphviz].each do |format|
+        out_path = File.join(dir, "out")
+        out, err, status = report_limited(path, format, "-o", out_path)
+        assert_equal [0, "", ""], [status.exitstatus, out, err], format
+        assert_operator File.size(out_path), :>, 0, format
+      end
+      out, err, status = report_limited(path, "--method", "chain")
+      assert_equal 0, status.exitstatus, err
+      assert_match(/50000 total \(100\.0%\)/, out)
     end
   end
 end
