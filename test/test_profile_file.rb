@@ -160,6 +160,164 @@ class TestProfileFile < Minitest::Test
     assert_corrupt JSON.generate(wrong_type), /samples is not an array/
   end
 
+  # --- saving safely (issue 18) ---
+
+  # A file of root's that a planted symlink points to, as in the report:
+  # [its path, its contents].
+  def victim
+    path = File.join(@dir, "victim")
+    File.write(path, "root's secret")
+    File.chmod(0o600, path)
+    [path, "root's secret"]
+  end
+
+  def assert_victim_intact(path, contents)
+    assert_equal contents, File.read(path)
+    assert_equal 0o600, File.stat(path).mode & 0o777
+  end
+
+  # Someone who can write the directory plants symlinks where a save might
+  # put its temporary file: Strobe.save, results' out: and an export write
+  # the profile, never through the symlink, and leave the symlink alone.
+  def test_saves_do_not_follow_planted_symlinks
+    target, secret = victim
+    result = profile
+    path = File.join(@dir, "p.json")
+    planted = ["#{path}.#{Process.pid}.tmp", "#{path}.tmp", File.join(@dir, ".p.json.tmp")]
+    planted.each { |link| File.symlink(target, link) }
+    Strobe.save(result, path)
+    assert_victim_intact(target, secret)
+    assert_equal result, Strobe.load(path)
+    profile(out: path)
+    assert_victim_intact(target, secret)
+    assert_equal 30, Strobe.load(path)[:samples]
+    Strobe.save(result, path, format: :speedscope)
+    assert_victim_intact(target, secret)
+    assert_match(/speedscope/, File.read(path))
+    assert(planted.all? { |link| File.symlink?(link) }, "the planted symlinks are someone else's: left alone")
+    assert_equal [path, target, *planted].sort, Dir.glob(File.join(@dir, "*"), File::FNM_DOTMATCH).reject { |f| f.end_with?("/.") }.sort
+  end
+
+  # The target itself a symlink: the save replaces the link, as a rename
+  # does, and does not write where it points.
+  def test_a_symlink_at_the_target_is_replaced_not_followed
+    target, secret = victim
+    path = File.join(@dir, "p.json")
+    File.symlink(target, path)
+    Strobe.save(profile, path)
+    assert_victim_intact(target, secret)
+    refute File.symlink?(path)
+    assert_equal 30, Strobe.load(path)[:samples]
+  end
+
+  # Replaces AtomicFile.temp_path for the block with one returning names
+  # in turn.
+  def with_temp_names(names)
+    original = Strobe::AtomicFile.method(:temp_path)
+    queue = names.dup
+    Strobe::AtomicFile.define_singleton_method(:temp_path) { |path| queue.shift || original.call(path) }
+    yield
+  ensure
+    Strobe::AtomicFile.define_singleton_method(:temp_path, original)
+  end
+
+  # Even a temporary name guessed right finds the file created exclusively:
+  # another name is taken, and the planted one left alone.
+  def test_temporary_files_are_created_exclusively_without_following_symlinks
+    target, secret = victim
+    path = File.join(@dir, "p.json")
+    guessed = [File.join(@dir, ".p.json.strobe-guessed.tmp"), File.join(@dir, ".p.json.strobe-file.tmp")]
+    File.symlink(target, guessed[0])
+    File.write(guessed[1], "someone's")
+    with_temp_names(guessed) { Strobe.save(profile, path) }
+    assert_victim_intact(target, secret)
+    assert File.symlink?(guessed[0])
+    assert_equal "someone's", File.read(guessed[1])
+    assert_equal 30, Strobe.load(path)[:samples]
+    # Every name taken: an error, and nothing written.
+    File.write(path, "old")
+    taken = Array.new(Strobe::AtomicFile::ATTEMPTS) { guessed[0] }
+    error = assert_raises(Errno::EEXIST) { with_temp_names(taken) { Strobe.save(profile, path) } }
+    assert_match(/temporary names were all taken/, error.message)
+    assert_equal "old", File.read(path)
+    assert_victim_intact(target, secret)
+  end
+
+  # Temporary names are random, in the target's directory, and hidden.
+  def test_temporary_names
+    names = Array.new(3) { Strobe::AtomicFile.temp_path(File.join(@dir, "p.json")) }
+    assert_equal 3, names.uniq.size
+    names.each { |name| assert_match(/\A#{Regexp.escape(@dir)}\/\.p\.json\.strobe-\h{32}\.tmp\z/, name) }
+    long = Strobe::AtomicFile.temp_path(File.join(@dir, "x" * 250))
+    assert_operator File.basename(long).bytesize, :<=, 255
+  end
+
+  # The temporary file is its owner's only while written; the saved file
+  # has the mode File.open gives a new file: 0666 less the umask.
+  def test_modes
+    path = File.join(@dir, "p.json")
+    previous = File.umask
+    [0o022, 0o077, 0o002].each do |umask|
+      File.umask(umask)
+      modes = []
+      Strobe::AtomicFile.write(path) { |io| modes << (io.stat.mode & 0o777) }
+      modes << (File.stat(path).mode & 0o777)
+      File.open(File.join(@dir, "plain"), "w") { |io| modes << (io.stat.mode & 0o777) }
+      File.unlink(File.join(@dir, "plain"))
+      assert_equal [0o600, 0o666 & ~umask, 0o666 & ~umask], modes, format("umask %03o", umask)
+    end
+  ensure
+    File.umask(previous)
+  end
+
+  # A save that fails, whatever the reason, leaves the target as it was and
+  # no temporary file.
+  def test_failed_saves_leave_the_target_and_no_temporary_file
+    path = File.join(@dir, "p.json")
+    File.write(path, "old")
+    bad = profile
+    bad[:raw] = bad[:raw].dup
+    bad[:raw][1] = 123_456_789
+    assert_raises(Strobe::ProfileError) { Strobe.save(bad, path) }
+    assert_raises(Interrupt) { Strobe::AtomicFile.write(path) { |io| io.write("partial") && raise(Interrupt) } }
+    assert_raises(Errno::ENOENT) { Strobe.save(profile, File.join(@dir, "no", "dir", "p.json")) }
+    assert_raises(Errno::EISDIR) { Strobe.save(profile, @dir) }
+    assert_equal "old", File.read(path)
+    assert_equal ["p.json"], Dir.children(@dir)
+  end
+
+  # Threads saving different results to one path: every save succeeds (each
+  # has its own temporary file), and the file, read at any time, is one of
+  # them whole. Bounded by rounds, and by a deadline in case saves are slow.
+  def test_threads_saving_to_one_path
+    path = File.join(@dir, "p.json")
+    results = Array.new(4) { |i| profile(200 + 100 * i, metadata: { writer: i }) }
+    Strobe.save(results[0], path)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+    errors = Queue.new
+    writers = results.map do |result|
+      Thread.new do
+        40.times do
+          break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+          Strobe.save(result, path, format: :json)
+        rescue StandardError => e
+          errors << e
+        end
+      end
+    end
+    reads = 0
+    while writers.any?(&:alive?) && reads < 2000
+      loaded = Strobe.load(path)
+      assert results.include?(loaded), "a reader saw a file that is none of the saved results"
+      reads += 1
+    end
+    writers.each(&:join)
+    assert errors.empty?, "saves failed: #{Array.new(errors.size) { errors.pop.inspect }.uniq.join(', ')}"
+    assert results.include?(Strobe.load(path)), "the file is none of the saved results"
+    assert_equal ["p.json"], Dir.children(@dir)
+  end
+
   def test_missing_file
     error = assert_raises(Strobe::ProfileError) { Strobe.load(File.join(@dir, "none.json")) }
     assert_match(/none\.json: No such file or directory/, error.message)

@@ -146,8 +146,9 @@ class TestReport < Minitest::Test
 
   # The C table against the same table made in Ruby: percentages as
   # format("(%2.1f%%)") writes them (ties of the rounding included), rows in
-  # the order of #rows (count, then name byte by byte, then id), for names
-  # sharing long prefixes, differing in length, repeated, and not ASCII.
+  # the order of #rows (count, then name byte by byte, then id), names as
+  # Report.printable shows them, for names sharing long prefixes, differing
+  # in length, repeated, and not ASCII.
   def test_rows_as_ruby_formats_and_sorts_them
     rng = Random.new(7)
     prefix = "Component::Billing::InvoiceRenderer#"
@@ -163,7 +164,8 @@ class TestReport < Minitest::Test
       result = fixture(samples: samples, frames: frames)
       pct = ->(n) { format("(%2.1f%%)", 100.0 * n / samples) }
       expected = Strobe::Report.new(result).rows.map do |row|
-        format("%10d %8s  %10d %8s     %s\n", row.total, pct[row.total], row.self_samples, pct[row.self_samples], row.name)
+        format("%10d %8s  %10d %8s     %s\n", row.total, pct[row.total], row.self_samples, pct[row.self_samples],
+               Strobe::Report.printable(row.name))
       end
       assert_equal expected.join, text(result).lines.drop(HEADER.size).join, "samples: #{samples}"
     end

@@ -190,6 +190,8 @@ class TestReportFormats < Minitest::Test
   def test_reports_survive_gc_at_every_allocation
     result = raw_fixture
     result[:frames][4] = result[:frames][4].merge(name: :symbol_name, file: nil)
+    # escaped, and converted to UTF-8: Strings made while the report runs
+    result[:frames][3] = result[:frames][3].merge(name: "A#\e[2Jp\u00f6w;\n".encode("ISO-8859-1"))
     formats = %i[print_text print_stackcollapse print_graphviz print_callgrind print_files]
     expected = formats.map { |f| output(report(result), f) }
     GC.stress = true
@@ -197,6 +199,8 @@ class TestReportFormats < Minitest::Test
     GC.stress = false
     assert_equal expected, actual
     assert_includes expected[1], "symbol_name"
+    assert_includes expected[0], "A#\\e[2Jp\u00f6w;\\n\n"
+    assert_includes expected[1], "A#\\e[2Jp\u00f6w:\\n 6\n"
   end
 
   def test_hostile_numbers_raise_profile_error
@@ -219,6 +223,191 @@ class TestReportFormats < Minitest::Test
     assert_equal 7, totals.size
     assert(totals.all? { |_, (total, _)| total == 3 }, "each file counted once per sample: #{totals.inspect}")
     assert_equal 3, totals.values.sum { |_, self_count| self_count }
+  end
+
+  # --- names that would drive a terminal (issue 18) ---
+
+  # A name with ESC sequences, a newline, ';', a C1 control (CSI), DEL and a
+  # byte that is not UTF-8; a file name with others; a thread name too.
+  EVIL_NAME = "evil\e[2J\nname;x\u009b31m\x7f".b + "\xff".b
+  EVIL_SHOWN = "evil\\e[2J\\nname;x\\u009B31m\\x7F\\xFF"
+  EVIL_FILE = "/app/\e]0;pwned\a\r\tred.rb"
+  EVIL_FILE_SHOWN = "/app/\\e]0;pwned\\x07\\r\\tred.rb"
+  EVIL_THREAD = "worker\e[8m"
+
+  def hostile_fixture
+    result = raw_fixture
+    result[:frames][3] = result[:frames][3].merge(name: EVIL_NAME.dup.force_encoding(Encoding::UTF_8), file: EVIL_FILE)
+    result[:frames][2] = result[:frames][2].merge(file: EVIL_FILE, lines: { 4 => [6, 0] })
+    result[:threads] = { 7 => { name: EVIL_THREAD, samples: 13, states: { running: 10, waiting: 2, blocked: 1 } } }
+    result
+  end
+
+  # Nothing a terminal acts on: valid UTF-8 without C0 (but newline), DEL
+  # or C1 characters.
+  def assert_printable(text, what)
+    text = text.dup.force_encoding(Encoding::UTF_8)
+    assert text.valid_encoding?, "#{what}: not valid UTF-8: #{text.inspect[0, 300]}"
+    bad = text.scan(/[\x00-\x09\x0b-\x1f\x7f\u0080-\u009f]/)
+    assert_empty bad, "#{what}: control characters #{bad.uniq.inspect} in #{text.inspect[0, 600]}"
+  end
+
+  def test_text_reports_escape_control_characters
+    result = hostile_fixture
+    evil = result[:frames][3][:name]
+    {
+      text: output(report(result), :print_text),
+      text_of_the_thread: output(report(result, thread: 7), :print_text),
+      text_by_total: output(report(result), :print_text, sort_by_total: true),
+      files: output(report(result), :print_files),
+      files_without_raw: output(report(result.reject { |k, _| k.to_s.start_with?("raw") }), :print_files),
+      method: output(report(result), :print_method, evil),
+      callers: output(report(result), :print_method, "A#run"),
+      file: output(report(result), :print_file, "red.rb"),
+    }.each do |what, text|
+      # ReportSource's lines (source, or "source not available: FILE")
+      # keep tabs, as source code has them; harmless on a terminal.
+      assert_printable(%i[method callers file].include?(what) ? text.delete("\t") : text, what)
+      assert_includes text, %i[file files files_without_raw].include?(what) ? EVIL_FILE_SHOWN : EVIL_SHOWN, what
+    end
+    assert_includes output(report(result), :print_text), "#{EVIL_SHOWN}\n"
+    assert_includes output(report(result), :print_text), "worker\\e[8m"
+    assert_includes output(report(result, thread: 7), :print_text), "  Thread: 7 (worker\\e[8m)\n"
+    assert_includes output(report(result), :print_method, "A#run"),
+                    "source not available: #{EVIL_FILE_SHOWN.sub('\\t', "\t")})"
+    walked = StringIO.new
+    report(result).walk_method(StringIO.new("9\e[2J\n\n"), walked, "A#run")
+    assert_printable(walked.string.delete("\t"), "walk")
+    assert_match(/^ +2\)  #{Regexp.escape(EVIL_SHOWN)}$/, walked.string)
+    assert_includes walked.string, "Not a choice: 9\\e[2J"
+  end
+
+  def test_errors_quoting_names_escape_control_characters
+    result = hostile_fixture
+    result[:frames][3] = result[:frames][3].merge(name: "evil\e[2J\nname")
+    [
+      -> { report(result).print_file(StringIO.new, "none\e[2J") },
+      -> { report(result).print_method(StringIO.new, "none\e[2J\u009b") },
+      -> { report(result, thread: "t\e[2J") },
+      -> { report(result.merge(threads: { "t\e[1m" => {} }), thread: 1) },
+      lambda do
+        bad = hostile_fixture
+        bad[:frames][3] = bad[:frames][3].merge(name: "evil\e[2J\nname", lines: [[1, 2]])
+        report(bad).print_method(StringIO.new, bad[:frames][3][:name])
+      end,
+    ].each_with_index do |call, i|
+      error = assert_raises(ArgumentError, Strobe::ProfileError) { call.call }
+      assert_printable(error.message, "error #{i}")
+      assert_match(/\\e\[/, error.message, "error #{i}")
+    end
+  end
+
+  # A trace's reports (written in Ruby) follow the same rules.
+  def test_trace_reports_escape_control_characters
+    frames = {
+      1 => { name: "<main>", file: "/app/main.rb", line: 1, calls: 1, total_time: 0.003, self_time: 0.001,
+             edges: { 2 => 2 }, call_times: { 2 => 0.002 } },
+      2 => { name: EVIL_NAME.dup.force_encoding(Encoding::UTF_8), file: EVIL_FILE, line: 3, calls: 2,
+             total_time: 0.002, self_time: 0.002 },
+    }
+    trace = { mode: :trace, samples: 3, frames: frames, clock: "wall\e[5m" }
+    %i[print_text print_files print_callgrind print_graphviz].each do |format|
+      text = output(report(trace), format)
+      assert_printable(text, format)
+      refute_includes text, "\e", format
+    end
+    assert_includes output(report(trace), :print_text), EVIL_SHOWN
+    assert_includes output(report(trace), :print_text), "Mode: trace(wall\\e[5m)"
+    assert_includes output(report(trace), :print_files), EVIL_FILE_SHOWN
+    assert_printable(output(report(trace), :print_method, frames[2][:name]), "trace method")
+    callgrind = output(report(trace), :print_callgrind)
+    assert_includes callgrind, "fn=#{EVIL_SHOWN.tr(';', ':')}\n"
+    assert_includes callgrind, "fl=#{EVIL_FILE_SHOWN.tr(';', ':')}\n"
+    assert_includes output(report(trace), :print_graphviz), "label=\"#{EVIL_SHOWN.gsub('\\', '\\\\\\\\')}\\n"
+  end
+
+  # Folded stacks and callgrind: one name can neither end a line nor split a
+  # stack, and what they show is printable too.
+  def test_machine_formats_keep_their_syntax_with_hostile_names
+    result = hostile_fixture
+    folded = output(report(result), :print_stackcollapse)
+    assert_printable(folded, "stackcollapse")
+    assert_equal 4, folded.lines.size
+    folded.lines.each { |line| assert_match(/\A[^;\n]+(;[^;\n]+)* \d+\n\z/, line) }
+    assert_includes folded, "<main>;A#run;#{EVIL_SHOWN.tr(';', ':')} 6\n"
+    callgrind = output(report(result), :print_callgrind)
+    assert_printable(callgrind, "callgrind")
+    callgrind.lines.drop(6).each do |line|
+      assert_match(/\A(\n|c?f[ln]=\(\d+\)( .*)?\n|calls=\d+ \d+\n|\d+ \d+\n)\z/, line)
+    end
+    assert_includes callgrind, ") #{EVIL_SHOWN.tr(';', ':')}\n"
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "callgrind.out.1")
+      File.write(path, callgrind)
+      out, err, status = run_tool("callgrind_annotate", path)
+      assert status.success?, "callgrind_annotate failed: #{err}"
+      assert_includes out, EVIL_SHOWN.tr(";", ":")
+    end
+  end
+
+  def test_graphviz_with_hostile_names_renders
+    dot = output(report(hostile_fixture), :print_graphviz)
+    assert_printable(dot, "graphviz")
+    assert_includes dot, "label=\"#{EVIL_SHOWN.gsub('\\', '\\\\\\\\')}\\n"
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "g.dot"), dot)
+      out, err, status = run_tool("dot", "-Tsvg", File.join(dir, "g.dot"))
+      assert status.success?, "dot failed: #{err}"
+      assert_includes out, "evil\\e[2J\\nname;x"
+    end
+  end
+
+  # The C engine and Report.printable show every byte, and names in other
+  # encodings, alike: in text rows, folded stacks and DOT labels.
+  def test_c_and_ruby_escape_alike
+    names = (0..255).map { |b| "a".b + b.chr + "z" } +
+            ["\u009f\u00a0\u00e9\u{1F600}", "\xE3\x81Z".b, "\xF0\x9F\x98".b, "\xED\xA0\x80".b, "\xC2".b,
+             "caf\u00e9\e".encode("ISO-8859-1"), "\u3042\n".encode("Shift_JIS"), "x\ty".encode("UTF-16LE"),
+             "\xff\xfe".dup.force_encoding("Shift_JIS"), "a;b\"c\\d", :"sym\e"]
+    frames = names.each_with_index.to_h { |name, i| [i + 1, { name: name, file: "f.rb", total_samples: 1, samples: 1 }] }
+    raw = frames.keys.flat_map { |id| [1, id, 1] }
+    result = { mode: :cpu, samples: names.size, frames: frames, raw: raw }
+    rows = Strobe::Native.report_text(result, nil, false, nil).force_encoding(Encoding::UTF_8).lines
+    shown = rows.map { |row| row.chomp.sub(/\A *1 +\(0\.4%\) +1 +\(0\.4%\)     /, "") }
+    expected = names.map { |name| Strobe::Report.printable(name) }
+    assert_equal expected.sort, shown.sort
+    assert_printable(rows.join, "rows")
+    folded = Strobe::Native.report_folded(result, nil).force_encoding(Encoding::UTF_8).lines.map { |l| l.chomp.sub(/ 1\z/, "") }
+    assert_equal expected.map { |name| name.tr(";", ":") }.sort, folded.sort
+    labels = output(report(result), :print_graphviz, node_fraction: 0).scan(/label="(.*?)\\n1 \(0\.4%\) self/).flatten
+    assert_equal names.map { |name| report(result).dot_escape(name) }.sort, labels.sort
+  end
+
+  # A real profile of code in files whose names have control characters
+  # (a method's own name cannot carry them into a profile: a block's
+  # frame, as define_method makes, is named "block in ...").
+  def test_a_real_profile_of_hostile_file_names
+    Dir.mktmpdir do |dir|
+      source = File.join(dir, "hostile\e[1m\nfile.rb")
+      File.binwrite(source, "# \e[2J a comment, caf\xE9 in Latin-1\ndef hostile_file_method\n\tStrobe.sample # tab\nend\n".b)
+      load source
+      eval("def hostile_eval_method = Strobe.sample", binding, "(eval\e]0;title\a)", 1) # rubocop:disable Security/Eval
+      result = Strobe.run(mode: :custom, raw: true) do
+        3.times { hostile_file_method }
+        2.times { hostile_eval_method }
+      end
+      {
+        files: [output(report(result), :print_files), "hostile\\e[1m\\nfile.rb"],
+        eval_file: [output(report(result), :print_files), "(eval\\e]0;title\\x07)"],
+        method: [output(report(result), :print_method, "Object#hostile_file_method"), "hostile\\e[1m\\nfile.rb:2)"],
+        file: [output(report(result), :print_file, "file.rb"), "# \\e[2J a comment, caf\\xE9 in Latin-1"],
+        callgrind: [output(report(result), :print_callgrind), "hostile\\e[1m\\nfile.rb"],
+      }.each do |what, (text, expected)|
+        assert_printable(text.delete("\t"), what)
+        assert_includes text, expected, what
+      end
+      assert_includes output(report(result), :print_file, "file.rb"), "|     3  | \tStrobe.sample # tab\n", "tabs in source kept"
+    end
   end
 
   def test_source_of_special_files_is_not_read

@@ -71,3 +71,106 @@ strobe_out_json_str(out_t *o, VALUE str)
     out_mem(o, "\"", 1);
     RB_GC_GUARD(str);
 }
+
+/* ---- names shown on a terminal (see strobe_show_t in report.h) ---------------- */
+
+/* str's text as UTF-8 bytes: str itself in UTF-8, US-ASCII or binary (its
+ * bytes taken for UTF-8, as Strobe::Report.printable does) or when it is
+ * ASCII only; else str converted to UTF-8, or str itself when it cannot be
+ * (its bytes are shown then, escaped where they are not UTF-8). */
+VALUE
+strobe_shown_utf8(VALUE str)
+{
+    if (!RB_TYPE_P(str, T_STRING)) str = NIL_P(str) ? rb_str_new(0, 0) : rb_obj_as_string(str);
+    rb_encoding *enc = rb_enc_get(str), *utf8 = rb_utf8_encoding();
+    if (enc == utf8 || enc == rb_usascii_encoding() || enc == rb_ascii8bit_encoding()) return str;
+    if (rb_enc_asciicompat(enc) && rb_enc_str_coderange(str) == ENC_CODERANGE_7BIT) return str;
+    return rb_str_conv_enc(str, enc, utf8);
+}
+
+/* Scans len bytes at p as strobe_out_shown writes them: into o, or with o
+ * NULL, only to tell whether any would change (returns 1 at the first). */
+static int
+shown_scan(out_t *o, const char *p, long len, strobe_show_t how)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    rb_encoding *utf8 = rb_utf8_encoding();
+    long i = 0, run = 0;
+    while (i < len) {
+        unsigned char c = (unsigned char)p[i];
+        long n = 1;
+        char esc[8];
+        size_t k = 0;
+        if (c >= 0x20 && c < 0x7f) {
+            if (c == ';' && how == STROBE_SHOW_FOLDED) {
+                esc[k++] = ':';
+            } else if ((c == '"' || c == '\\') && how == STROBE_SHOW_DOT) {
+                esc[k++] = '\\';
+                esc[k++] = (char)c;
+            } else {
+                i++;
+                continue;
+            }
+        } else {
+            int c1 = 0; /* a C1 control in UTF-8: U+0080..U+009F, 0xC2 then the code */
+            if (c >= 0x80) {
+                int r = rb_enc_precise_mbclen(p + i, p + len, utf8);
+                if (MBCLEN_CHARFOUND_P(r)) {
+                    n = MBCLEN_CHARFOUND_LEN(r);
+                    c1 = n == 2 && c == 0xC2 && (unsigned char)p[i + 1] < 0xA0;
+                    if (!c1) {
+                        i += n;
+                        continue;
+                    }
+                    c = (unsigned char)p[i + 1];
+                }
+            }
+            if (how == STROBE_SHOW_DOT) esc[k++] = '\\';
+            esc[k++] = '\\';
+            if (c1) {
+                esc[k++] = 'u';
+                esc[k++] = '0';
+                esc[k++] = '0';
+                esc[k++] = hex[c >> 4];
+                esc[k++] = hex[c & 15];
+            } else if (c == 0x1b || c == '\n' || c == '\r' || c == '\t') {
+                esc[k++] = c == 0x1b ? 'e' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+            } else { /* another C0 control, DEL, or a byte that is not UTF-8 */
+                esc[k++] = 'x';
+                esc[k++] = hex[c >> 4];
+                esc[k++] = hex[c & 15];
+            }
+        }
+        if (!o) return 1;
+        out_mem(o, p + run, (size_t)(i - run));
+        out_mem(o, esc, k);
+        i += n;
+        run = i;
+    }
+    if (o) out_mem(o, p + run, (size_t)(len - run));
+    return 0;
+}
+
+void
+strobe_out_shown_bytes(out_t *o, const char *p, long len, strobe_show_t how)
+{
+    shown_scan(o, p, len, how);
+}
+
+void
+strobe_out_shown(out_t *o, VALUE str, strobe_show_t how)
+{
+    str = strobe_shown_utf8(str);
+    shown_scan(o, RSTRING_PTR(str), RSTRING_LEN(str), how);
+    RB_GC_GUARD(str);
+}
+
+int
+strobe_shown_as_is(VALUE str, strobe_show_t how)
+{
+    if (!RB_TYPE_P(str, T_STRING)) return 0;
+    VALUE utf8 = strobe_shown_utf8(str);
+    int as_is = utf8 == str && !shown_scan(NULL, RSTRING_PTR(str), RSTRING_LEN(str), how);
+    RB_GC_GUARD(utf8);
+    return as_is;
+}

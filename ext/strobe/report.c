@@ -401,7 +401,10 @@ text_body(VALUE arg)
     strobe_report_load(r, a->result, a->keep, 0);
     row_key_t *keys = r->scratch[0] = ALLOC_N(row_key_t, r->len ? r->len : 1);
     for (long i = 0; i < r->len; i++) {
-        const rframe_t *f = &r->frames[i];
+        rframe_t *f = &r->frames[i];
+        /* A name in another encoding than UTF-8 is written converted (rows
+         * are written from the bytes sorted on); r marks the copy. */
+        f->name = strobe_shown_utf8(f->name);
         keys[i] = (row_key_t){ a->sort_by_total ? f->total : f->self, a->sort_by_total ? f->self : f->total,
                                RSTRING_PTR(f->name), RSTRING_LEN(f->name), FIX2LONG(f->id), 0 };
     }
@@ -422,7 +425,7 @@ text_body(VALUE arg)
         OUT_LIT(o, " ");
         out_pct(o, self, r->samples);
         OUT_LIT(o, "     ");
-        out_mem(o, k->name, (size_t)k->name_len);
+        strobe_out_shown_bytes(o, k->name, k->name_len, STROBE_SHOW_TEXT);
         OUT_LIT(o, "\n");
     }
     return out_finish(o);
@@ -580,20 +583,6 @@ REPORT_METHOD(tree)
 
 /* ---- folded stacks --------------------------------------------------------------- */
 
-/* A frame name as one folded-stack element: ';' separates frames and a
- * newline ends the line, so both are replaced. */
-static void
-out_folded_name(out_t *o, VALUE name)
-{
-    const char *p = RSTRING_PTR(name);
-    long n = RSTRING_LEN(name);
-    out_reserve(o, (size_t)n);
-    for (long i = 0; i < n; i++) {
-        char c = p[i];
-        o->buf[o->len++] = c == ';' ? ':' : (c == '\n' || c == '\r') ? ' ' : c;
-    }
-}
-
 static VALUE
 folded_body(VALUE arg)
 {
@@ -602,15 +591,15 @@ folded_body(VALUE arg)
     strobe_report_load(r, a->result, a->keep, 1);
     report_tree(r);
     out_t *o = &r->out;
-    /* Each frame's name as written, fixed up once (rarely needed). */
+    /* Each frame's name as written, fixed up once (rarely needed): ';'
+     * separates frames, so it is written ':'; a newline would end the line,
+     * so it is escaped, with every other control character. */
     VALUE names = rb_ary_new_capa(r->len);
     for (long i = 0; i < r->len; i++) {
         VALUE name = r->frames[i].name;
-        const char *p = RSTRING_PTR(name);
-        long n = RSTRING_LEN(name);
-        if (memchr(p, ';', (size_t)n) || memchr(p, '\n', (size_t)n) || memchr(p, '\r', (size_t)n)) {
+        if (!strobe_shown_as_is(name, STROBE_SHOW_FOLDED)) {
             out_t fixed = { 0 };
-            out_folded_name(&fixed, name);
+            strobe_out_shown(&fixed, name, STROBE_SHOW_FOLDED);
             name = out_finish(&fixed);
         }
         rb_ary_push(names, name);
@@ -639,27 +628,39 @@ folded_body(VALUE arg)
     return out_finish(o);
 }
 
-/* Strobe::Native.report_folded(result, keep) -> String: one line per
+/* folded_body with its lines going to a sink (0: none). */
+typedef struct {
+    report_args_t base;      /* first: folded_body reads it as its arguments */
+    VALUE sink;
+} folded_args_t;
+
+static VALUE
+folded_to_sink(VALUE arg)
+{
+    folded_args_t *f = (folded_args_t *)arg;
+    f->base.r->out.sink = f->sink;
+    return folded_body((VALUE)&f->base);
+}
+
+/* Strobe::Native.report_folded(result, keep, sink = nil) -> one line per
  * distinct stack, "root;...;leaf count", as flamegraph.pl, inferno and
- * speedscope read them. */
-REPORT_METHOD(folded)
+ * speedscope read them: a String, or sink after handing it the lines in
+ * chunks. A line names every frame of its stack, so the lines of deep
+ * stacks with long names can be far larger than the profile (a 27 KB file,
+ * within the loader's limit, made 16 GB of them): a sink never holds them
+ * in memory whole. */
+static VALUE
+native_report_folded(int argc, VALUE *argv, VALUE self)
+{
+    VALUE result, keep, sink;
+    rb_scan_args(argc, argv, "21", &result, &keep, &sink);
+    folded_args_t f = { { NULL, result, keep, 0 }, NIL_P(sink) ? 0 : sink };
+    VALUE out = strobe_report_run(folded_to_sink, &f, &f.base.r);
+    RB_GC_GUARD(sink);
+    return out;
+}
 
 /* ---- Graphviz ------------------------------------------------------------------- */
-
-/* A DOT string's contents: quotes and backslashes escaped, newlines as \n. */
-static void
-out_dot_escaped(out_t *o, VALUE str)
-{
-    const char *p = RSTRING_PTR(str);
-    long n = RSTRING_LEN(str);
-    out_reserve(o, (size_t)n * 2);
-    for (long i = 0; i < n; i++) {
-        char c = p[i];
-        if (c == '"' || c == '\\') { o->buf[o->len++] = '\\'; o->buf[o->len++] = c; }
-        else if (c == '\n') { o->buf[o->len++] = '\\'; o->buf[o->len++] = 'n'; }
-        else o->buf[o->len++] = c;
-    }
-}
 
 /* "12.3%" */
 static void
@@ -725,7 +726,7 @@ graphviz_body(VALUE arg)
         OUT_LIT(o, "  f");
         out_u64(o, (uint64_t)i, 0);
         OUT_LIT(o, " [label=\"");
-        out_dot_escaped(o, f->name);
+        strobe_out_shown(o, f->name, STROBE_SHOW_DOT);
         OUT_LIT(o, "\\n");
         out_u64(o, f->self, 0);
         OUT_LIT(o, " (");
@@ -779,7 +780,8 @@ out_callgrind_name(out_t *o, const char *key, size_t key_len, long pos, VALUE st
     OUT_LIT(o, ")");
     if (!seen[pos]) { /* name compression: the string only the first time */
         OUT_LIT(o, " ");
-        if (RSTRING_LEN(str)) out_folded_name(o, str);
+        /* a name ends its line: one with a newline must not end it early */
+        if (RSTRING_LEN(str)) strobe_out_shown(o, str, STROBE_SHOW_FOLDED);
         else OUT_LIT(o, "(no file)"); /* GC pseudo-frames */
         seen[pos] = 1;
     }
@@ -1012,7 +1014,7 @@ strobe_report_define(VALUE mNative)
     sym_raw = ID2SYM(rb_intern("raw"));
     rb_define_singleton_method(mNative, "report_text", native_report_text, 4);
     rb_define_singleton_method(mNative, "report_tree", native_report_tree, 2);
-    rb_define_singleton_method(mNative, "report_folded", native_report_folded, 2);
+    rb_define_singleton_method(mNative, "report_folded", native_report_folded, -1);
     rb_define_singleton_method(mNative, "report_graphviz", native_report_graphviz, 3);
     rb_define_singleton_method(mNative, "report_callgrind", native_report_callgrind, 2);
     rb_define_singleton_method(mNative, "report_files", native_report_files, 2);

@@ -240,6 +240,28 @@ void strobe_out_json_str(out_t *o, VALUE str);
  * cannot be replaced by U+FFFD). */
 VALUE strobe_utf8_of(VALUE str);
 
+/* How strobe_out_shown writes a name (a frame's, a file's) into text that
+ * a terminal may show. Always: in UTF-8 (another encoding converted), ESC,
+ * newline, carriage return and tab as \e \n \r \t, other C0 controls and
+ * DEL as \xNN, C1 controls (U+0080..U+009F) as \uNNNN, bytes that are not
+ * UTF-8 as \xNN; backslashes left alone. Strobe::Report.printable (Ruby)
+ * follows the same rules. */
+typedef enum {
+    STROBE_SHOW_TEXT,        /* a text report's line */
+    STROBE_SHOW_FOLDED,      /* also ';' as ':' (folded stacks, callgrind) */
+    STROBE_SHOW_DOT          /* inside a DOT string: '"' and '\\' escaped, so
+                              * the escapes above get a second backslash */
+} strobe_show_t;
+void strobe_out_shown(out_t *o, VALUE str, strobe_show_t how);
+/* The same for len bytes at p, taken as UTF-8 (see strobe_shown_utf8); p
+ * must stay put while o grows (a marked String's bytes do). */
+void strobe_out_shown_bytes(out_t *o, const char *p, long len, strobe_show_t how);
+/* str (a String, or what is made one) whose bytes are its text in UTF-8:
+ * itself, or a converted copy (itself when it cannot be converted). */
+VALUE strobe_shown_utf8(VALUE str);
+/* Whether strobe_out_shown would write str's bytes unchanged. */
+int strobe_shown_as_is(VALUE str, strobe_show_t how);
+
 static inline void
 out_i64(out_t *o, int64_t n)
 {

@@ -3,6 +3,7 @@
 require "json"
 require "zlib"
 require "stringio"
+require_relative "atomic_file"
 
 module Strobe
   # Reads and writes profile files: JSON, gzipped when the path ends in .gz.
@@ -56,9 +57,11 @@ module Strobe
 
     # Writes result to target (a path, or an IO) in format (see
     # Options::FORMATS): :json, Strobe's own (what Strobe.load reads back),
-    # or an export for another tool. A path is written atomically: a
-    # temporary file in the same directory, then a rename; gzipped when it
-    # ends in .gz, and always for :pprof (its format is gzipped protobuf).
+    # or an export for another tool. A path is written by AtomicFile: whole
+    # or not at all (a new temporary file, created exclusively with a random
+    # name, renamed into place; never written through a symlink), with the
+    # mode File.open would give a new file; gzipped when it ends in .gz, and
+    # always for :pprof (its format is gzipped protobuf). Returns the path.
     def write(result, target, format: :json)
       unless Options::FORMATS.include?(format)
         raise ArgumentError, "format must be #{Options::FORMATS.map(&:inspect).join(' or ')}, got #{format.inspect}"
@@ -66,14 +69,8 @@ module Strobe
       return write_to(result, target, format, gzip: format == :pprof) if target.respond_to?(:write)
 
       path = target.respond_to?(:to_path) ? target.to_path : target.to_s
-      tmp = "#{path}.#{Process.pid}.tmp"
-      begin
-        File.open(tmp, "wb") { |file| write_to(result, file, format, gzip: format == :pprof || path.end_with?(".gz")) }
-        File.rename(tmp, path)
-      ensure
-        File.unlink(tmp) if File.exist?(tmp)
-      end
-      path
+      gzip = format == :pprof || path.end_with?(".gz")
+      AtomicFile.write(path) { |file| write_to(result, file, format, gzip: gzip) }
     end
 
     # Writes result to io in format, through gzip when asked; the exporters

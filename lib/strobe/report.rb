@@ -34,6 +34,44 @@ module Strobe
     HEADER_FORMAT = "%10s    (pct)  %10s    (pct)     FRAME\n"
     FILTERS = %i[select_files reject_files select_names reject_names].freeze
 
+    # Characters a terminal may act on rather than show: C0 controls, DEL
+    # and C1 controls (U+0080 to U+009F).
+    CONTROL = /[\x00-\x1f\x7f\u0080-\u009f]/
+    CONTROL_BUT_TAB = /[\x00-\x08\x0a-\x1f\x7f\u0080-\u009f]/
+    NAMED_ESCAPES = { "\e" => "\\e", "\n" => "\\n", "\r" => "\\r", "\t" => "\\t" }.freeze
+
+    # text (a frame, file or thread name, a message quoting one) as it is
+    # safe to show on a terminal, in UTF-8: ESC, newline, carriage return
+    # and tab as \e \n \r \t, other C0 controls and DEL as \xNN, C1
+    # controls as \uNNNN, and bytes that are not UTF-8 as \xNN (the notation
+    # of Ruby's String#inspect; backslashes themselves are left as they are).
+    # Text in another encoding is converted to UTF-8 first. Every text
+    # report writes names through this (ext/strobe/out.c has the same rules
+    # in C, for the reports written there). keep_tabs: leaves tabs as they
+    # are (for source code).
+    def self.printable(text, keep_tabs: false)
+      control = keep_tabs ? CONTROL_BUT_TAB : CONTROL
+      str = utf8_text(text.to_s)
+      return str if str.valid_encoding? && !str.match?(control)
+
+      str.scrub { |bytes| bytes.unpack("C*").map { |byte| format("\\x%02X", byte) }.join }.gsub(control) do |c|
+        NAMED_ESCAPES[c] || format(c.ord < 0x80 ? "\\x%02X" : "\\u%04X", c.ord)
+      end
+    end
+
+    # str's text in UTF-8: str itself; a String in US-ASCII or binary with
+    # its bytes taken for UTF-8; another encoding converted, or its bytes
+    # taken for UTF-8 where it cannot be.
+    def self.utf8_text(str)
+      return str if str.encoding == Encoding::UTF_8
+      return str.dup.force_encoding(Encoding::UTF_8) if [Encoding::US_ASCII, Encoding::BINARY].include?(str.encoding)
+
+      str.encode(Encoding::UTF_8)
+    rescue EncodingError
+      str.b.force_encoding(Encoding::UTF_8)
+    end
+    private_class_method :utf8_text
+
     # thread: a thread id (a key of result[:threads]) restricts the report to
     # that thread's samples; it needs the per-sample data of raw: true.
     def initialize(result, thread: nil, **filters)
@@ -53,7 +91,7 @@ module Strobe
       threads = result[:threads].is_a?(Hash) ? result[:threads] : {}
       unless threads.key?(thread)
         known = threads.keys.empty? ? "none" : threads.keys.join(", ")
-        raise ArgumentError, "no thread #{thread.inspect} in this profile (threads: #{known})"
+        raise ArgumentError, printable("no thread #{thread.inspect} in this profile (threads: #{known})")
       end
       unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array)
         raise ArgumentError, "a report for one thread needs per-sample data: profile with raw: true (strobe run --raw)"
@@ -155,14 +193,15 @@ module Strobe
       rows = rows.first(limit) if limit
       total = rows.empty? ? 0.0 : trace_wall_time
       io.puts RULE
-      io.puts "  Mode: trace(#{@result[:clock] || 'wall'})"
+      io.puts "  Mode: trace(#{shown(@result[:clock] || 'wall')})"
       io.puts format("  Calls: %d", count_of(:samples))
       io.puts format("  Time: %.3f ms", total * 1000)
       io.puts RULE
       io.printf(TRACE_HEADER, "CALLS", "TOTAL ms", "SELF ms")
       rows.each do |_, f|
         io.printf("%10d  %12.3f %8s  %12.3f %8s     %s\n", f[:calls].to_i, f[:total_time].to_f * 1000,
-                  time_pct(f[:total_time], total), f[:self_time].to_f * 1000, time_pct(f[:self_time], total), f[:name])
+                  time_pct(f[:total_time], total), f[:self_time].to_f * 1000, time_pct(f[:self_time], total),
+                  shown(f[:name]))
       end
     end
 
@@ -200,8 +239,10 @@ module Strobe
       io.puts "}"
     end
 
+    # A name inside a DOT string: made printable, then quotes and
+    # backslashes escaped (as ext/strobe/out.c writes frame names there).
     def dot_escape(name)
-      name.to_s.gsub(/["\\]/) { |c| "\\#{c}" }.gsub("\n", "\\n")
+      Report.printable(name).gsub(/["\\]/) { |c| "\\#{c}" }
     end
 
     # Samples per source file, most self samples first: total counts the
@@ -222,7 +263,7 @@ module Strobe
       list.each do |file, total, self_count|
         total_columns = total ? format("%10d %8s", total, format_percent(total)) : format("%10s %8s", "-", "")
         io.printf("%s  %10d %8s     %s\n", total_columns, self_count, format_percent(self_count),
-                  file.empty? ? "(no file)" : file)
+                  file.empty? ? "(no file)" : shown(file))
       end
     end
 
@@ -233,7 +274,7 @@ module Strobe
       files = frames.values.map { |f| f[:file].to_s }.uniq
       matches = files.select { |file| file == path || file.end_with?("/#{path}") }
       matches = files.select { |file| file.include?(path) } if matches.empty? && !path.empty?
-      raise ArgumentError, "no samples in a file matching #{path}" if matches.empty?
+      raise ArgumentError, "no samples in a file matching #{shown(path)}" if matches.empty?
 
       matches.sort.each do |file|
         lines = Hash.new { |h, k| h[k] = [0, 0] }
@@ -245,8 +286,8 @@ module Strobe
             lines[line][1] += self_count.to_i
           end
         end
-        io.puts file
-        ReportSource.new(file, lines, self).print(io, 1..)
+        io.puts shown(file)
+        ReportSource.new(file, lines, self).print(PrintableLines.new(io), 1..)
       end
     end
 
@@ -256,7 +297,7 @@ module Strobe
     # matches it, for a Regexp.
     def print_method(io = $stdout, name)
       matches = method_matches(name)
-      raise ArgumentError, "no method named #{name.inspect} in this profile" if matches.empty?
+      raise ArgumentError, "no method named #{shown(name.inspect)} in this profile" if matches.empty?
 
       all = @result[:frames]
       matches.sort_by { |id, _| [-all[id][:total_samples].to_i, all[id][:name].to_s, id] }.each do |id, callers|
@@ -273,7 +314,7 @@ module Strobe
         choices = neighbour_names(name) + [:exit]
         io.puts
         io.puts "Select next method:"
-        choices.each_with_index { |choice, i| io.printf("%3d)  %s\n", i + 1, choice) }
+        choices.each_with_index { |choice, i| io.printf("%3d)  %s\n", i + 1, shown(choice)) }
         choice = read_choice(input, io, choices)
         return if choice.nil? || choice == :exit
 
@@ -322,7 +363,7 @@ module Strobe
       total = trace_wall_time
       io.printf("%10s  %12s    (pct)     FILE\n", "CALLS", "SELF ms")
       by_file.each do |file, calls, self_time|
-        io.printf("%10d  %12.3f %8s     %s\n", calls, self_time * 1000, time_pct(self_time, total), file)
+        io.printf("%10d  %12.3f %8s     %s\n", calls, self_time * 1000, time_pct(self_time, total), shown(file))
       end
     end
 
@@ -334,21 +375,29 @@ module Strobe
       io.puts "# callgrind format", "version: 1", "creator: strobe", "positions: line", "events: Microseconds"
       io.puts "summary: #{micros.(trace_wall_time)}"
       kept.each do |id, f|
-        io.puts "", "fl=#{f[:file]}", "fn=#{f[:name]}"
+        io.puts "", "fl=#{callgrind_name(f[:file])}", "fn=#{callgrind_name(f[:name])}"
         line = f[:line].to_i
         io.puts "#{line} #{micros.(f[:self_time])}"
         (f[:edges] || {}).each do |callee, calls|
           target = kept[callee] or next
-          io.puts "cfl=#{target[:file]}", "cfn=#{target[:name]}", "calls=#{calls} #{target[:line].to_i}"
+          io.puts "cfl=#{callgrind_name(target[:file])}", "cfn=#{callgrind_name(target[:name])}",
+                  "calls=#{calls} #{target[:line].to_i}"
           io.puts "#{line} #{micros.((f[:call_times] || {})[callee])}"
         end
       end
     end
 
+    # A name on a callgrind line, which it ends: printable, ';' as ':' (as
+    # ext/strobe/report.c writes callgrind and folded stacks).
+    def callgrind_name(name)
+      Report.printable(name).tr(";", ":")
+    end
+
     # Folded stacks ("root;...;leaf count" a line) for flamegraph.pl,
-    # inferno or speedscope; needs raw data.
+    # inferno or speedscope; needs raw data. Handed to io in chunks as they
+    # are written: deep stacks make far more of them than the profile holds.
     def print_stackcollapse(io = $stdout)
-      io.write(Native.report_folded(@result, kept_ids))
+      Native.report_folded(@result, kept_ids, io)
     end
 
     # pprof's profile.proto, gzipped, for `go tool pprof` (or Pyroscope,
@@ -442,7 +491,7 @@ module Strobe
       total = frame[:total_samples].to_i
       self_count = frame[:samples].to_i
       location = frame[:line] ? "#{frame[:file]}:#{frame[:line]}" : frame[:file].to_s
-      io.puts "#{frame[:name]} (#{location})"
+      io.puts shown("#{frame[:name]} (#{location})")
       if trace?
         all = trace_wall_time
         io.printf("  calls: %d, self: %.3f ms %s / total: %.3f ms %s\n", frame[:calls].to_i, frame[:self_time].to_f * 1000,
@@ -458,7 +507,7 @@ module Strobe
 
       io.puts "  code:"
       first = frame[:line].is_a?(Integer) ? frame[:line] : lines.keys.min
-      ReportSource.new(frame[:file].to_s, lines, self).print(io, first..lines.keys.max, indent: "  ")
+      ReportSource.new(frame[:file].to_s, lines, self).print(PrintableLines.new(io), first..lines.keys.max, indent: "  ")
     end
 
     # [[id, {caller id => count}], ...] of the frames name stands for (see
@@ -493,7 +542,7 @@ module Strobe
         index = Integer(line.strip, exception: false)
         return choices[index - 1] if index&.between?(1, choices.size)
 
-        io.puts "Not a choice: #{line.strip} (1 to #{choices.size}; a blank line or #{choices.size} exits)"
+        io.puts "Not a choice: #{shown(line.strip)} (1 to #{choices.size}; a blank line or #{choices.size} exits)"
       end
     end
 
@@ -502,7 +551,7 @@ module Strobe
       lines = frame[:lines] || {}
       return lines if lines.is_a?(Hash) && lines.all? { |n, pair| n.is_a?(Integer) && pair.is_a?(Array) && pair.all?(Integer) }
 
-      raise ProfileError, "malformed profile: the lines of #{frame[:name]} are not {line => [total, self]}"
+      raise ProfileError, "malformed profile: the lines of #{shown(frame[:name])} are not {line => [total, self]}"
     end
 
     def print_neighbours(io, label, counts)
@@ -516,14 +565,14 @@ module Strobe
       sum = shown.values.sum
       io.puts "  #{label} (#{sum} total):"
       shown.sort_by { |id, count| [-count, all[id][:name].to_s] }.each do |id, count|
-        io.printf("    %6d  (%5.1f%%)  %s\n", count, sum.zero? ? 0.0 : 100.0 * count / sum, all[id][:name])
+        io.printf("    %6d  (%5.1f%%)  %s\n", count, sum.zero? ? 0.0 : 100.0 * count / sum, shown(all[id][:name]))
       end
     end
 
     def print_header(io)
       io.puts RULE
-      io.puts "  Mode: #{modeline}"
-      io.puts "  Thread: #{thread_line}" if @result[:thread]
+      io.puts "  Mode: #{shown(modeline)}"
+      io.puts "  Thread: #{shown(thread_line)}" if @result[:thread]
       io.puts format("  Samples: %d (%.2f%% miss rate)", samples, miss_rate)
       io.puts format("  GC: %d (%.2f%%)", gc_samples, gc_rate)
       if truncated_samples.positive?
@@ -546,7 +595,7 @@ module Strobe
         total = [states.values.sum, 1].max
         shares = ProfileFile::THREAD_STATES.map { |s| format("%5.1f%%", 100.0 * states[s].to_i / total) }
         label = t[:name] ? "#{id} (#{t[:name]})" : id.to_s
-        io.puts format("    %-28s %8d samples  %s", label, t[:samples].to_i, shares.join(" / "))
+        io.puts format("    %-28s %8d samples  %s", shown(label), t[:samples].to_i, shares.join(" / "))
       end
     end
 
@@ -558,5 +607,23 @@ module Strobe
     def modeline
       interval.nil? ? mode : "#{mode}(#{interval})"
     end
+
+    def shown(text)
+      Report.printable(text)
+    end
+
+    # What ReportSource prints (source lines, and the file's name when it
+    # cannot be read), made printable on its way to io; tabs, which source
+    # code has, are kept.
+    class PrintableLines
+      def initialize(io)
+        @io = io
+      end
+
+      def puts(line)
+        @io.puts(Report.printable(line, keep_tabs: true))
+      end
+    end
+    private_constant :PrintableLines
   end
 end

@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+require "securerandom"
+
+module Strobe
+  # Writes a file whole or not at all, safely even in a directory other
+  # users can write to (/tmp, a shared profiles directory):
+  #
+  #   AtomicFile.write("tmp/profile.json") { |io| io.write(data) }
+  #
+  # What the block writes goes to a new file next to the target, named
+  # ".NAME.strobe-RANDOM.tmp" (128 random bits from SecureRandom, so that
+  # nobody can plant a file or a symlink by that name in advance) and
+  # created exclusively (O_CREAT | O_EXCL, and O_NOFOLLOW where there is
+  # one): an existing file or symlink of that name is never opened, let
+  # alone written through; another name is tried instead. The temporary
+  # file is readable by its owner only while it is written; then it gets
+  # the mode File.open gives a file it creates (0666 less the umask) and is
+  # renamed over the target, which replaces what was there (a symlink
+  # itself, not what it points to). Each write has a file of its own, so
+  # threads and processes writing one target at once do not mix their data:
+  # the last rename wins, whole.
+  #
+  # On any failure, the block's included, the temporary file is removed and
+  # the error raised; the target is left as it was.
+  module AtomicFile
+    FLAGS = File::WRONLY | File::CREAT | File::EXCL | (defined?(File::NOFOLLOW) ? File::NOFOLLOW : 0)
+    # Random names tried before giving up: one is taken only if someone
+    # else created it, so running out means names are being planted.
+    ATTEMPTS = 5
+    # Characters of the target's name kept in the temporary name, which
+    # stays under the 255 bytes a file name may have.
+    NAME_CHARS = 40
+
+    module_function
+
+    # Yields a binary IO on a new temporary file, then renames it to path (a
+    # String or anything with #to_path). Returns path as a String.
+    def write(path)
+      path = path.respond_to?(:to_path) ? path.to_path : path.to_s
+      file, temp = create(path)
+      done = false
+      begin
+        yield file
+        file.chmod(new_file_mode)
+        file.close
+        File.rename(temp, path)
+        done = true
+      ensure
+        discard(file, temp) unless done
+      end
+      path
+    end
+
+    # [a new file opened for writing, its path], next to path.
+    def create(path)
+      ATTEMPTS.times do
+        temp = temp_path(path)
+        begin
+          return [File.new(temp, FLAGS, 0o600, binmode: true), temp]
+        rescue Errno::EEXIST, Errno::ELOOP
+          next # someone else's file: left alone
+        end
+      end
+      raise Errno::EEXIST, "#{path}: #{ATTEMPTS} random temporary names were all taken"
+    end
+
+    def temp_path(path)
+      dir, name = File.split(path)
+      File.join(dir, ".#{name[0, NAME_CHARS]}.strobe-#{SecureRandom.hex(16)}.tmp")
+    end
+
+    # 0666 less the umask: the mode File.open gives a file it creates.
+    def new_file_mode
+      0o666 & ~umask
+    end
+
+    # The process's umask. Linux tells it in /proc/self/status; File.umask
+    # reads it by setting it to 0 and back, and a file another thread
+    # creates in between (one running outside the GVL) would get mode 0666.
+    def umask
+      line = File.foreach("/proc/self/status").find { |l| l.start_with?("Umask:") }
+      line ? line.split.last.to_i(8) : File.umask
+    rescue SystemCallError, IOError
+      File.umask
+    end
+
+    # Closes and removes a temporary file that is not to be renamed; the
+    # error that got us here is the one to raise, not one of these.
+    def discard(file, temp)
+      begin
+        file.close unless file.closed?
+      rescue IOError, SystemCallError
+        nil
+      end
+      begin
+        File.unlink(temp)
+      rescue SystemCallError
+        nil
+      end
+    end
+  end
+end
