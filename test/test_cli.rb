@@ -238,6 +238,27 @@ class TestCLI < Minitest::Test
     assert_match(/without writing a profile/, err)
   end
 
+  # A Ruby program that runs others (rake test, a script): every Ruby
+  # process keeps its profile; out is their merge.
+  def test_run_keeps_the_profile_of_every_ruby_process
+    child = "def in_child = 200_000.times(&:to_s); in_child"
+    parent = "def in_parent = 200_000.times(&:to_s); in_parent; system(RbConfig.ruby, '-e', #{child.inspect}) || exit(4)"
+    status, out, err = cli("run", "--mode", "cpu", "--out", path("p.json"), "--", RbConfig.ruby, "-e", parent)
+    assert_equal 0, status, err
+    assert_match(/\Astrobe: 2 Ruby processes profiled; their merged profile is in #{Regexp.escape(path('p.json'))}/, out)
+    each = Dir[path("p.*.json")]
+    assert_equal 2, each.size, out
+    names = each.map { |file| Strobe.load(file)[:frames].values.map { |f| f[:name] } }
+    assert_equal [["Object#in_child"], ["Object#in_parent"]], names.map { |n| n.grep(/in_/) }.sort
+    each.each { |file| assert_includes out, File.basename(file) }
+    merged = Strobe.load(path("p.json"))
+    assert_equal each.sum { |file| Strobe.load(file)[:samples] }, merged[:samples]
+    assert_equal 2, merged.dig(:metadata, :processes)
+    assert_includes out, "Object#in_child"
+    assert_includes out, "Object#in_parent"
+    assert_empty Dir[path(".strobe-run-*")], "the run's directory is removed"
+  end
+
   # The whole path, as a user runs it: exe/strobe in its own process.
   def test_run_profiles_the_example_program
     out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "cpu", "--",
@@ -345,6 +366,75 @@ class TestCLIReport < Minitest::Test
     status, _, err = cli("report", path("p.json"), "-o", path("no/such/dir/out.txt"))
     assert_equal 1, status
     assert_one_error_line err, /cannot write .*out\.txt/
+  end
+
+  # Someone who can write the directory planted a symlink where `report -o`
+  # put its temporary file: the report is written, not what the link points to.
+  def test_output_to_a_file_does_not_follow_planted_symlinks
+    Strobe.save(raw_profile, path("p.json"))
+    File.write(path("victim"), "root's secret")
+    File.chmod(0o600, path("victim"))
+    out = path("report.txt")
+    planted = "#{out}.#{Process.pid}.tmp"
+    File.symlink(path("victim"), planted)
+    assert_equal [0, "", ""], cli("report", path("p.json"), "--stackcollapse", "-o", out)
+    assert_equal "root's secret", File.read(path("victim"))
+    assert_equal 0o600, File.stat(path("victim")).mode & 0o777
+    assert_includes File.read(out), "<main>;Worker#spin 6\n"
+    assert File.symlink?(planted), "someone else's symlink is left alone"
+    assert_equal ["p.json", "report.txt", "report.txt.#{Process.pid}.tmp", "victim"], Dir.children(@dir).sort
+  end
+
+  # A report that fails midway leaves FILE as it was, and no temporary file.
+  def test_a_failed_report_leaves_the_output_file_alone
+    Strobe.save(fixture, path("p.json"))
+    File.write(path("out.txt"), "old")
+    status, out, err = cli("report", path("p.json"), "--method", "Nope#nope", "-o", path("out.txt"))
+    assert_equal [1, ""], [status, out]
+    assert_one_error_line err, /no method named "Nope#nope"/
+    status, _, err = cli("report", path("p.json"), "-o", path("p.json/out.txt"))
+    assert_equal 1, status
+    assert_one_error_line err, %r{cannot write .*p\.json/out\.txt: Not a directory}
+    assert_equal "old", File.read(path("out.txt"))
+    assert_equal %w[out.txt p.json], Dir.children(@dir).sort
+  end
+
+  # Names from a profile with ESC sequences, newlines and C1 controls never
+  # reach the terminal as such: not in a report, not in an error line.
+  def test_control_characters_in_names_are_escaped
+    result = raw_profile
+    result[:frames][2] = result[:frames][2].merge(name: "Worker#spin\e[2J\nx", file: "main\e[31m.rb")
+    result[:frames][3] = result[:frames][3].merge(name: "Worker#\u009b1mtick\x7f")
+    result[:threads] = { 5 => { name: "pool\e]0;owned\a", samples: 10, states: { running: 10 } } }
+    result[:raw_sample_threads] = [5] * 10
+    Strobe.save(result, path("p.json"))
+    control = /[\x00-\x09\x0b-\x1f\x7f\u0080-\u009f]/
+    [[], %w[--sort-total], %w[--thread 5], %w[--files], %w[--method /spin/], %w[--method Worker#spin --walk],
+     %w[--debug], %w[--callgrind], %w[--graphviz], %w[--stackcollapse]].each do |options|
+      status, out, err = cli("report", path("p.json"), *options)
+      assert_equal [0, ""], [status, err], options.inspect
+      refute_match control, out.dup.force_encoding(Encoding::UTF_8), options.inspect
+    end
+    _, out, = cli("report", path("p.json"))
+    assert_includes out, "Worker#spin\\e[2J\\nx\n"
+    assert_includes out, "Worker#\\u009B1mtick\\x7F\n"
+    assert_includes out, "5 (pool\\e]0;owned\\x07)"
+    [
+      [["--file", "none\e[2J"], /no samples in a file matching none\\e\[2J$/],
+      [["--method", "none\e[2J"], /no method named "none\\e\[2J"/],
+      [["--thread", "9"], /no thread 9 in this profile \(threads: 5\)/],
+      [["-o", path("no\e[2Jdir/out.txt")], /cannot write .*no\\e\[2Jdir/],
+    ].each do |options, pattern|
+      status, out, err = cli("report", path("p.json"), *options)
+      assert_equal [1, ""], [status, out], options.inspect
+      assert_one_error_line err, pattern
+      refute_match control, err, options.inspect
+    end
+    missing = path("missing\e[2J\u009b\xff.json".b)
+    status, _, err = cli("report", missing)
+    assert_equal 1, status
+    assert_one_error_line err, /cannot read profile .*missing\\e\[2J\\u009B\\xFF\.json: No such file/
+    assert err.valid_encoding?
   end
 
   def test_several_files_are_merged

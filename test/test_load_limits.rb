@@ -97,6 +97,15 @@ class TestLoadLimits < Minitest::Test
 
   EXPAND_ERROR = /stacks would expand to (\d+) raw entries, over this file's limit of (\d+) /
 
+  # Out of memory short of the limit (a machine that gives less): still
+  # one line, not Ruby's NoMemoryError report.
+  def test_running_out_of_memory_is_one_line
+    depth = 1021
+    at = write_gz("at.json.gz", chain_doc(depth: depth, samples: FLOOR / (depth + 3)))
+    err, status = run_limited(*strobe_command("report", at), limit: 300 << 20)
+    assert_one_line(err, status, /\Astrobe: out of memory \(report\)/)
+  end
+
   # --- the stacks section ---------------------------------------------------
 
   # The review's chain, 10,000 deep, under samples alternating between two

@@ -15,6 +15,9 @@
 #                    sampling_prof (the last four keep raw samples unless
 #                    STROBE_RAW=0, which they refuse)
 #   STROBE_OUT       where the profile is written (default strobe-profile.json)
+#   STROBE_OUT_DIR   instead, a directory where each Ruby process writes its
+#                    own profile, named PID.json, with the command line in
+#                    its metadata (what `strobe run` sets)
 #   STROBE_SIGNAL    a signal name (USR2, say): instead of profiling from the
 #                    start, each such signal starts or stops profiling, and
 #                    each stop writes a profile (STROBE_OUT is then a
@@ -78,6 +81,10 @@ module Strobe
       opts = { mode: (@env["STROBE_MODE"] || "wall").strip, raw: present("STROBE_RAW") && flag("STROBE_RAW"),
                ignore_gc: flag("STROBE_IGNORE_GC"), native: flag("STROBE_NATIVE"),
                out: File.expand_path(present("STROBE_OUT") || DEFAULT_OUT) }
+      if (dir = present("STROBE_OUT_DIR"))
+        opts[:out] = File.join(File.expand_path(dir), "#{Process.pid}.json")
+        opts[:metadata] = { command: [$PROGRAM_NAME, *ARGV].join(" ") }
+      end
       interval = present("STROBE_INTERVAL")
       opts[:interval] = integer("STROBE_INTERVAL", interval) if interval
       format = present("STROBE_FORMAT")

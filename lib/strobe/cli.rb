@@ -1,11 +1,14 @@
 # frozen_string_literal: true
 
+require "fileutils"
 require "optparse"
 require "pp"
+require "securerandom"
 require_relative "version"
 require_relative "options"
 require_relative "report"
 require_relative "merge"
+require_relative "atomic_file"
 
 module Strobe
   # The `strobe` command line:
@@ -45,6 +48,8 @@ module Strobe
       0 # the reader of our output went away (e.g. `| head`)
     rescue Interrupt
       130
+    rescue NoMemoryError
+      error "out of memory#{" (#{@command})" if @command}: the profile needs more than this machine gives"
     rescue StandardError => e
       raise if ENV["STROBE_DEBUG"]
 
@@ -79,11 +84,15 @@ module Strobe
 
       out = File.expand_path(settings[:out])
       check_run_settings(settings, out)
-      before = file_signature(out)
-      status = spawn_and_wait(run_env(settings, out), args)
-      return status if status.is_a?(Integer) # could not start it
+      dir = run_directory(out)
+      begin
+        status = spawn_and_wait(run_env(settings, dir), args)
+        return status if status.is_a?(Integer) # could not start it
 
-      finish_run(args, status, out, before, settings)
+        finish_run(args, status, out, dir, settings)
+      ensure
+        FileUtils.rm_rf(dir)
+      end
     end
 
     def run_parser(settings)
@@ -92,6 +101,8 @@ module Strobe
         parser.separator ""
         parser.separator "Runs COMMAND (e.g. `ruby app.rb`) with every Ruby process it starts profiled by Strobe"
         parser.separator "(through RUBYOPT), then prints the text report of the profile. Exits with COMMAND's status."
+        parser.separator "When several Ruby processes ran, each keeps its own profile (OUT.PID.json, listed), OUT is"
+        parser.separator "their merge, and the report is of the merge."
         parser.separator ""
         parser.separator "Options:"
         sampling_options(parser, settings)
@@ -119,15 +130,29 @@ module Strobe
       raise UsageError, "run: #{e.message}"
     end
 
+    # A new private directory next to out, where each Ruby process the
+    # command starts writes its own profile (PID.json): next to it, so
+    # that they can be renamed into place.
+    def run_directory(out)
+      dir = File.join(File.dirname(out), ".strobe-run-#{SecureRandom.hex(8)}")
+      Dir.mkdir(dir, 0o700)
+      dir
+    rescue SystemCallError => e
+      raise UsageError, "run: cannot write next to #{out}: #{system_reason(e)}"
+    end
+
     # The child's environment: Strobe is loaded by RUBYOPT and configured by
     # STROBE_*; a nil value removes a variable inherited from our environment.
-    def run_env(settings, out)
+    def run_env(settings, dir)
       ruby_env.merge(
         "STROBE_MODE" => settings[:mode],
         "STROBE_INTERVAL" => settings[:interval]&.to_s,
         "STROBE_RAW" => settings[:raw] ? "1" : "0",
         "STROBE_NATIVE" => settings[:native] ? "1" : "0",
-        "STROBE_OUT" => out,
+        "STROBE_OUT" => nil,
+        "STROBE_OUT_DIR" => dir,
+        "STROBE_SIGNAL" => nil,
+        "STROBE_SERVE" => nil,
       )
     end
 
@@ -158,25 +183,54 @@ module Strobe
       nil
     end
 
-    def finish_run(command, status, out, before, settings)
+    # One Ruby process profiled: its profile becomes out. Several (a Rakefile
+    # running tests, a script running others): each keeps its own, as
+    # OUT.PID.json, out is their merge, and the report is of the merge.
+    def finish_run(command, status, out, dir, settings)
       child_status = exit_status(status)
-      if file_signature(out).nil? || file_signature(out) == before
+      files = Dir.glob(File.join(dir, "*.json")).sort_by { |f| [File.mtime(f), f] }
+      if files.empty?
         error "#{command.join(' ')} #{describe(status)} without writing a profile to #{out}"
         return child_status.zero? ? 1 : child_status
       end
 
-      @out.puts "strobe: profile written to #{out}"
-      report_status = print_report([out], limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+      report_status = files.size == 1 ? keep_one(files.first, out, settings) : keep_each(files, out, settings, command)
       report_status.zero? ? child_status : report_status
     end
 
-    # Identifies the file's current contents well enough to tell whether the
-    # child wrote it (it is replaced by a rename, so the inode changes).
-    def file_signature(path)
-      stat = File.stat(path)
-      [stat.dev, stat.ino, stat.size, stat.mtime.to_r] if stat.file?
-    rescue SystemCallError
-      nil
+    def keep_one(file, out, settings)
+      File.rename(file, out)
+      @out.puts "strobe: profile written to #{out}"
+      print_report([out], limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+    rescue SystemCallError => e
+      error "cannot write #{out}: #{system_reason(e)}"
+    end
+
+    def keep_each(files, out, settings, command)
+      return 1 unless require_engine
+
+      base = out.sub(/\.json(\.gz)?\z/, "")
+      kept = files.map do |file|
+        pid = File.basename(file, ".json")
+        path = "#{base}.#{pid}.json"
+        File.rename(file, path)
+        [pid, path]
+      end
+      results = kept.map { |_, path| load_profile(path) || (return 1) }
+      merged = Merge.results(results, kept.map(&:last))
+      merged[:metadata] = merged[:metadata].merge(command: command.join(" "), processes: kept.size)
+      Strobe.save(merged, out)
+      @out.puts "strobe: #{kept.size} Ruby processes profiled; their merged profile is in #{out}, each one's in:"
+      kept.zip(results).each do |(pid, path), result|
+        command = Report.printable(result.dig(:metadata, :command).to_s)
+        @out.puts format("  %-28s pid %-8s %8d samples  %s", File.basename(path), pid, result[:samples], command)
+      end
+      @out.puts "strobe: report on one with: strobe report #{kept.first.last}"
+      print_report([out], limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+    rescue ArgumentError, Strobe::ProfileError => e
+      error "cannot merge the profiles: #{e.message}"
+    rescue SystemCallError => e
+      error "cannot write #{out}: #{system_reason(e)}"
     end
 
     def exit_status(status)
@@ -221,7 +275,8 @@ module Strobe
 
       env = ruby_env.merge("STROBE_MODE" => settings[:mode], "STROBE_INTERVAL" => settings[:interval]&.to_s,
                            "STROBE_NATIVE" => settings[:native] ? "1" : "0",
-                           "STROBE_SERVE" => settings[:port].to_s, "STROBE_SIGNAL" => nil, "STROBE_OUT" => nil)
+                           "STROBE_SERVE" => settings[:port].to_s, "STROBE_SIGNAL" => nil, "STROBE_OUT" => nil,
+                           "STROBE_OUT_DIR" => nil)
       Process.exec(env, *args)
     rescue SystemCallError => e
       error "cannot run #{args.first}: #{system_reason(e)}"
@@ -423,29 +478,21 @@ module Strobe
       raise ArgumentError, "--method #{name}: #{e.message}"
     end
 
-    # Yields standard output, or a file written whole (a temporary file
-    # renamed into place, so a failed report leaves no half file). Errors
-    # writing standard output (a closed pipe) are left to #run.
-    def write_report(path, &block)
+    # Yields standard output, or a file written whole by AtomicFile (as
+    # Strobe.save writes profiles: a failed report leaves no half file, and
+    # no symlink is written through), returning the block's status; a file
+    # that cannot be written is one error line. Errors writing standard
+    # output (a closed pipe) are left to #run.
+    def write_report(path)
       return yield(@out) unless path
 
-      tmp = "#{path}.#{Process.pid}.tmp"
       begin
-        file = File.open(tmp, "wb")
-      rescue SystemCallError => e
-        return error("cannot write #{path}: #{system_reason(e)}")
-      end
-      begin
-        status = block.call(file)
-        file.close
-        File.rename(tmp, path)
+        status = nil
+        AtomicFile.write(path) { |file| status = yield(file) }
         status
       rescue SystemCallError => e
         error "cannot write #{path}: #{system_reason(e)}"
       end
-    ensure
-      file&.close unless file&.closed?
-      File.unlink(tmp) if tmp && File.exist?(tmp)
     end
 
     def load_profile(path, marshal: false)
@@ -564,9 +611,11 @@ module Strobe
       error.class < SystemCallError ? error.class.new.message : error.message
     end
 
-    # Prints one line on err and returns the exit status 1.
+    # Prints one line on err and returns the exit status 1. Messages quote
+    # names from profiles and paths: control characters are escaped (see
+    # Report.printable), bytes that are not UTF-8 too.
     def error(message)
-      line = message.to_s.gsub(/\s+/, " ").strip
+      line = Report.printable(message.to_s.b.gsub(/\s+/n, " ").strip)
       line = "#{line[0, 297]}..." if line.length > 300
       @err.puts "strobe: #{line}"
       1
