@@ -618,17 +618,28 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         goto out;
     }
     if (!t) goto out; /* not a thread we sample */
-    if (!strobe_guard_take_in_handler(t, &saved_errno)) { strobe_profile_add_missed(1); goto out; }
+    int taken = strobe_guard_take_in_handler(t, &saved_errno);
+    if (taken < 0) {
+        /* It interrupted this thread's own handler (its signal is not
+         * blocked, see sigstack.c): that one takes one more sample as it
+         * ends, as the kernel would have delivered this signal then. */
+        atomic_store(&t->nested_tick, 1);
+        if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        goto out;
+    }
+    if (!taken) { strobe_profile_add_missed(1); goto out; }
     strobe_sigstack_leave_if_asked();
 
     if (S.defer_running && may_run_jit_code(t)) {
         /* Owe the sample to the next safe point. One still owed from the
          * previous signal is lost. */
         if (atomic_exchange(&t->deferred, 1)) strobe_profile_add_missed(1);
+        if (atomic_exchange(&t->nested_tick, 0)) strobe_profile_add_missed(1); /* one owed sample for both */
         atomic_store(&t->idle_cpu_ns, -1); /* it is running */
         trigger_sample_job();
     } else {
         take_sample(t, Qfalse, ucontext);
+        if (atomic_exchange(&t->nested_tick, 0)) take_sample(t, Qfalse, ucontext);
         if (S.process_timer) trigger_drain();
         /* Native frames on a thread not set up for libunwind's fast path:
          * the postponed job sets it up on this thread, at its next safe
