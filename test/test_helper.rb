@@ -49,8 +49,9 @@ module StrobeTestHelpers
   # Runs a command in a child process, killed after timeout seconds (a
   # safeguard against a hang, not a timing check): [stdout, stderr, status].
   # It runs in its own process group, so a hang kills what it forked too.
-  def run_command(env, *command, chdir: Dir.pwd, timeout: 120)
-    Open3.popen3(env, *command, chdir: chdir, pgroup: true) do |stdin, stdout, stderr, wait|
+  # Other options go to Process.spawn (rlimit_as:, say).
+  def run_command(env, *command, chdir: Dir.pwd, timeout: 120, **spawn)
+    Open3.popen3(env, *command, chdir: chdir, pgroup: true, **spawn) do |stdin, stdout, stderr, wait|
       stdin.close
       out = Thread.new { stdout.read }
       err = Thread.new { stderr.read }

@@ -88,16 +88,7 @@ class TestHostileFiles < Minitest::Test
   # swapping: [stdout, stderr, status].
   def report_limited(path, *options)
     env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil, "STROBE_LIB" => nil }
-    Open3.popen3(env, RbConfig.ruby, "-I#{LIB}", STROBE, "report", path, *options, rlimit_as: 3 << 29, pgroup: true) do |i, o, e, wait|
-      i.close
-      out = Thread.new { o.read }
-      err = Thread.new { e.read }
-      unless wait.join(300)
-        Process.kill(:KILL, -wait.pid)
-        flunk "strobe report #{path} did not finish within 300s"
-      end
-      [out.value, err.value, wait.value]
-    end
+    run_command(env, RbConfig.ruby, "-I#{LIB}", STROBE, "report", path, *options, timeout: 300, rlimit_as: 3 << 29)
   end
 
   # A Strobe profile document (ProfileFile.encode's layout): a chain of
