@@ -74,22 +74,32 @@ class TestSignalStack < Minitest::Test
   # The real thing: SystemStackError rescued while sampled at 10 kHz, with
   # native frames (the deepest handler). Before, it crashed or left the
   # thread unsampled for good.
+  # The program overflows the machine stack in C (Marshal.dump recursing),
+  # which Ruby 3.3 and 3.4 themselves do not survive ("[BUG] system stack
+  # overflow during GC", without Strobe): there it is skipped.
+  OVERFLOW = <<~RUBY
+    deep = []
+    at = deep
+    200_000.times { inner = []; at << inner; at = inner }
+    def overflow(deep)
+      Marshal.dump(deep)
+      :no_overflow
+    rescue SystemStackError
+      :rescued
+    end
+  RUBY
+
   def test_stack_overflows_while_sampled
+    _, err, plain = run_ruby("#{OVERFLOW}\n10.times { overflow(deep) }")
+    skip "Ruby #{RUBY_VERSION} itself crashes on this program: #{err.lines.first}" unless plain.success?
     modes = [[:wall, false], [:cpu, false]]
     modes += [[:wall, true], [:cpu, true]] if Strobe::Native::NATIVE_FRAMES
     modes.each do |mode, native|
       out, err, status = run_ruby(<<~RUBY, timeout: 120)
         require "strobe"
-        deep = []
-        at = deep
-        200_000.times { inner = []; at << inner; at = inner }
+        #{OVERFLOW}
         Strobe.start(mode: :#{mode}, interval: 100#{', native: true' if native})
-        rescued = 0
-        10.times do
-          Marshal.dump(deep)
-        rescue SystemStackError
-          rescued += 1
-        end
+        rescued = Array.new(10) { overflow(deep) }.count(:rescued)
         Strobe.stop
         first = Strobe.results[:samples]
         def afterwards = (t = Process.clock_gettime(Process::CLOCK_MONOTONIC); nil until Process.clock_gettime(Process::CLOCK_MONOTONIC) - t > 0.2)

@@ -21,6 +21,9 @@ class TestStress < Minitest::Test
     if ruby_args.any?(JIT) && RUBY_ARGS.any?(JIT)
       skip "#{name} picks its own JIT (#{ruby_args.join(' ')}); STRESS_RUBY_ARGS is #{RUBY_ARGS.join(' ')}"
     end
+    if (plain = spec[:unless_ruby_crashes]) && (why = ruby_crashes(plain, ruby_args))
+      skip "#{name}: Ruby #{RUBY_VERSION} itself does not survive the program without Strobe (#{why})"
+    end
     Dir.mktmpdir("strobe-stress") do |dir|
       out_path = File.join(dir, "#{name}.json")
       code = StressScenarios::PRELUDE + spec.fetch(:code)
@@ -32,6 +35,16 @@ class TestStress < Minitest::Test
       assert_equal spec.fetch(:status, 0), status.exitstatus, context
       assert_match spec[:stderr], err, context if spec[:stderr]
       check_profile(out_path, context) if spec.fetch(:profile, true)
+    end
+  end
+
+  # Why Ruby fails on code run without Strobe (its first line on stderr),
+  # or nil when it does not; once per program and Ruby options.
+  def ruby_crashes(code, ruby_args)
+    @@plain ||= {}
+    @@plain.fetch([code, ruby_args]) do
+      _, err, status = run_command({}, RbConfig.ruby, *RUBY_ARGS, *ruby_args, "-e", code, timeout: TIMEOUT)
+      @@plain[[code, ruby_args]] = status.success? ? nil : err.lines.first.to_s.strip
     end
   end
 
