@@ -70,7 +70,7 @@ class TestMiddleware < Minitest::Test
     assert_empty profiles, "nothing saved after one request"
     get(a, "/two?n=300000")
     assert_equal 1, profiles.size
-    assert_match(%r{/strobe-cpu-#{Process.pid}-\d{8}-\d{6}-\d{3}\.json\z}, profiles.first)
+    assert_match(%r{/strobe-cpu-#{Process.pid}-\d{8}-\d{6}-\d{3}-\d+\.json\z}, profiles.first)
     result = Strobe.load(profiles.first)
     assert_operator result[:samples], :>, 0
     assert_equal({ app: "shop" }, result[:metadata])
@@ -163,6 +163,15 @@ class TestMiddleware < Minitest::Test
     totals = saved.pop[:frames].values.group_by { |f| f[:name] }.transform_values { |fs| fs.sum { |f| f[:total_samples] } }
     assert_operator totals.fetch("TestMiddleware#other_work", 0), :>, 0, "the other requests' samples are kept"
     assert_operator totals.fetch("TestMiddleware#page_work", 0), :>, 0, "the ?strobe=1 request's samples are kept"
+  end
+
+  # Files saved in the same millisecond (threads, save_every: 1) each get a
+  # name of their own: they replaced each other, and their samples were lost.
+  def test_files_saved_at_once_do_not_replace_each_other
+    a = app(enabled: true, mode: :custom, path: "#{@dir}/", save_every: 1)
+    threads = Array.new(4) { Thread.new { 25.times { get(a, "/x") } } }
+    threads.each(&:join)
+    assert_equal 100, profiles.size
   end
 
   # Overlapping requests (a threaded server) still save every save_every

@@ -53,7 +53,7 @@ class TestToggle < Minitest::Test
     signal(:USR1)
     names = Dir.children(@dir)
     assert_equal 1, names.size
-    assert_match(/\Astrobe-custom-#{Process.pid}-\d{8}-\d{6}-\d{3}\.txt\z/, names.first)
+    assert_match(/\Astrobe-custom-#{Process.pid}-\d{8}-\d{6}-\d{3}-\d+\.txt\z/, names.first)
     chunks = File.read(File.join(@dir, names.first)).split("\n\n")
     assert_equal 4, chunks.size
   end

@@ -47,13 +47,24 @@ module Strobe
     EXTENSIONS = { json: ".json", sampling_prof: ".txt", pprof: ".pb.gz", firefox: ".firefox.json",
                    speedscope: ".speedscope.json" }.freeze
 
-    # A profile's file in directory dir, named by mode, process and time
-    # (to the millisecond), with format's extension: what the middleware and
-    # the signal toggle write.
+    # A profile's file in directory dir, named by mode, process, time (to
+    # the millisecond) and the process's count of such names (saves in one
+    # millisecond replaced each other's files), with format's extension:
+    # what the middleware and the signal toggle write.
     def path_in(dir, result, format = :json)
       stamp = Time.now.strftime("%Y%m%d-%H%M%S-%L")
-      File.join(dir, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}#{EXTENSIONS.fetch(format)}")
+      File.join(dir, "strobe-#{result[:mode]}-#{Process.pid}-#{stamp}-#{next_name_number}#{EXTENSIONS.fetch(format)}")
     end
+
+    # No Mutex: the signal toggle names files in trap context, where a
+    # Mutex cannot be taken. Read, add and store are one stretch of
+    # bytecode without a call or a branch (so @names starts at 0 here),
+    # where the GVL does not change hands.
+    @names = 0
+    def next_name_number
+      @names += 1
+    end
+    private_class_method :next_name_number
 
     # Writes result to target (a path, or an IO) in format (see
     # Options::FORMATS): :json, Strobe's own (what Strobe.load reads back),
