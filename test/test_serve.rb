@@ -476,6 +476,38 @@ class TestServe < Minitest::Test
     end
   end
 
+  # A program that closes every descriptor it did not open (as daemons do)
+  # closes the listening socket under the server: a file it opens next may
+  # get that number, and a child forked then keeps that file.
+  def test_a_child_keeps_a_file_under_the_closed_sockets_number
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "mine.txt")
+      File.write(path, "mine")
+      server = Strobe::Serve.new(0, err: StringIO.new)
+      socket = server.instance_variable_get(:@server)
+      socket.autoclose = false # its descriptor is another file's below
+      fd = socket.fileno
+      IO.for_fd(fd, autoclose: true).close # behind the server's back
+      File.open(path) do |file|
+        skip "the socket's descriptor #{fd} went elsewhere (file got #{file.fileno})" unless file.fileno == fd
+        reader, writer = IO.pipe
+        pid = fork do
+          reader.close
+          writer.write(file.read)
+          writer.close
+          exit!(0)
+        end
+        writer.close
+        read = Timeout.timeout(60) { reader.read }
+        Process.wait(pid)
+        reader.close
+        assert_equal "mine", read
+      end
+    ensure
+      Strobe::Native.close_in_children(nil)
+    end
+  end
+
   # A serve setup that fails (a mode Strobe.start refuses) leaves a child
   # forked afterwards its files, and the program runs unprofiled.
   def test_a_failed_setup_leaves_forked_children_their_files

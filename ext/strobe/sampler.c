@@ -79,6 +79,7 @@
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <ruby/vm.h>
 #include <ruby/thread.h>
@@ -125,8 +126,12 @@ static struct {
     pid_t pid;               /* this process, as the timer's signals name it */
     uid_t uid;
 
-    /* a descriptor forked children close (strobe serve's socket), -1 none */
+    /* a descriptor forked children close (strobe serve's socket), -1 none,
+     * and the file it was then (the program may close it and open another
+     * file under its number) */
     int child_fd, null_fd;
+    dev_t child_dev;
+    ino_t child_ino;
 
     /* thread begin/end (every mode) and object mode */
     VALUE thread_hook;
@@ -1268,8 +1273,13 @@ atfork_child(void)
     strobe_capture_reset();
     /* strobe serve's listening socket: put /dev/null in its place, so
      * the child does not hold the port (its IO object, left with
-     * /dev/null, closes that instead). */
-    if (S.child_fd >= 0 && S.null_fd >= 0) dup2(S.null_fd, S.child_fd);
+     * /dev/null, closes that instead). Only if that number still holds the
+     * socket: a program that closed it (daemons close every descriptor)
+     * may have opened a file of its own under it. */
+    struct stat now;
+    if (S.child_fd >= 0 && S.null_fd >= 0 && fstat(S.child_fd, &now) == 0 && now.st_dev == S.child_dev &&
+        now.st_ino == S.child_ino)
+        dup2(S.null_fd, S.child_fd);
 }
 
 void
@@ -1279,8 +1289,12 @@ strobe_sampler_close_in_children(int fd)
         S.child_fd = -1;
         return;
     }
+    struct stat st;
+    if (fstat(fd, &st) != 0) rb_sys_fail("close_in_children");
     if (S.null_fd < 0) S.null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
     if (S.null_fd < 0) rb_sys_fail("/dev/null");
+    S.child_dev = st.st_dev;
+    S.child_ino = st.st_ino;
     S.child_fd = fd;
 }
 
