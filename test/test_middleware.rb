@@ -165,6 +165,24 @@ class TestMiddleware < Minitest::Test
     assert_operator totals.fetch("TestMiddleware#page_work", 0), :>, 0, "the ?strobe=1 request's samples are kept"
   end
 
+  # A save that keeps failing, or an on_result that keeps raising, is one
+  # line on stderr, not one per save (nor a thread's backtrace).
+  def test_a_recurring_problem_is_one_line
+    File.write(File.join(@dir, "a_file"), "")
+    failing = app(enabled: true, path: "#{@dir}/a_file/sub/", save_every: 1, mode: :custom)
+    calls = Queue.new
+    raising = app(enabled: true, save_every: 1, mode: :custom, on_result: ->(_) { calls << 1; raise "no store today" })
+    _, err = capture_subprocess_io do
+      3.times { get(failing, "/x") }
+      3.times { get(raising, "/x") }
+      3.times { calls.pop } # one at a time: the first one's line is out by the third call
+    end
+    lines = err.lines
+    assert_equal 2, lines.size, err
+    assert_match(/could not save the profile in .*a_file\/sub: (Not a directory|File exists)/, lines.first)
+    assert_match(/on_result raised RuntimeError: no store today/, lines.last)
+  end
+
   # Files saved in the same millisecond (threads, save_every: 1) each get a
   # name of their own: they replaced each other, and their samples were lost.
   def test_files_saved_at_once_do_not_replace_each_other

@@ -25,7 +25,8 @@ module Strobe
   #   save_every:   write the profile after every N profiled requests
   #   save_at_exit: write what was collected when the process exits
   #   on_result:    instead of writing files, hand each saved result (a
-  #                 Hash) to this proc, on a thread of its own
+  #                 Hash) to this proc, one at a time, on a thread of the
+  #                 middleware's own (what it raises is reported once)
   #   permit:       a proc given the env: a request it permits that asks
   #                 with ?strobe=1 is answered with its HTML flamegraph
   #                 instead of the page: the samples of its own thread while
@@ -137,17 +138,42 @@ module Strobe
     # the result handed over, or nil.
     def deliver(result)
       return nil unless result
+      return hand_over(result) if @on_result
 
-      if @on_result
-        Thread.new { @on_result.call(result) }
-        return result
-      end
       target = target_path(result)
       FileUtils.mkdir_p(File.dirname(target))
       Strobe.save(result, target, format: @format)
     rescue StandardError => e
-      warn_once "could not save the profile: #{e.message}"
+      # Said once per reason and place: the message of a failed save names
+      # its temporary file, a new one each time.
+      reason = e.is_a?(SystemCallError) ? e.class.new.message : e.message.lines.first.to_s.chomp
+      warn_once "could not save the profile in #{File.dirname(target || @path)}: #{reason}"
       nil
+    end
+
+    # on_result gets the results one at a time, in order, on a thread of the
+    # middleware's own (started again in a forked child); an error it
+    # raises is reported once per kind.
+    def hand_over(result)
+      @handoff = start_handoff unless @handoff_pid == Process.pid
+      @handoff << result
+      result
+    end
+
+    def start_handoff
+      @handoff_pid = Process.pid
+      queue = Queue.new
+      worker = Thread.new do
+        while (result = queue.pop)
+          begin
+            @on_result.call(result)
+          rescue StandardError => e
+            warn_once "on_result raised #{e.class}: #{e.message.lines.first.to_s.chomp}"
+          end
+        end
+      end
+      worker.name = "strobe on_result"
+      queue
     end
 
     # The first of overlapping requests starts profiling. Returns whether
@@ -244,11 +270,16 @@ module Strobe
       ProfileFile.directory?(@path) ? ProfileFile.path_in(@path, result, @format) : @path
     end
 
+    # At most this many distinct problems are reported; then one line says
+    # so and the rest go unsaid (a server may run for months).
+    MAX_WARNINGS = 50
+
     def warn_once(message)
-      return if @warned[message]
+      return if @warned[message] || @warned.size > MAX_WARNINGS
 
       @warned[message] = true
-      warn "Strobe::Middleware: #{message}"
+      message = "#{MAX_WARNINGS} problems reported; further ones are not" if @warned.size > MAX_WARNINGS
+      warn "Strobe::Middleware: #{Report.printable(message)}"
     end
   end
 end
