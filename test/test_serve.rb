@@ -264,6 +264,24 @@ class TestServe < Minitest::Test
     end
   end
 
+  # Requests a proxy and this server could read differently are refused:
+  # two Host fields (the last one won), a field folded onto the one before.
+  def test_ambiguous_headers_are_refused
+    with_server do |server, _|
+      path = "/#{server.token}/"
+      raw = lambda do |head|
+        TCPSocket.open("127.0.0.1", server.port) do |socket|
+          socket.write("GET #{path} HTTP/1.1\r\n#{head}\r\n")
+          socket.read[/\AHTTP\/1\.1 (\d+)/, 1]
+        end
+      end
+      assert_equal "200", raw.call("Host: #{host(server)}\r\n")
+      assert_equal "400", raw.call("Host: attacker.example\r\nHost: #{host(server)}\r\n")
+      assert_equal "400", raw.call("Host: #{host(server)}\r\n Host: attacker.example\r\n")
+      assert_equal "400", raw.call("Host: #{host(server)}\r\nX Bad: 1\r\n")
+    end
+  end
+
   def test_tokens_differ_and_compare_in_full
     tokens = Array.new(2) do
       server = Strobe::Serve.new(0, err: StringIO.new)

@@ -197,7 +197,10 @@ module Strobe
 
     # A request's line and headers.
     Request = Struct.new(:verb, :target, :headers) do
-      # Parses what came before the blank line; nil when it is not HTTP.
+      # Parses what came before the blank line; nil when it is not HTTP, or
+      # is ambiguous: a header line folded onto the one before, a field
+      # name with spaces, or two Host fields (RFC 9112 says 400 for each;
+      # a proxy and this server could take different ones for the Host).
       def self.parse(head)
         line, *lines = head.split("\r\n")
         verb, target, version = line.to_s.split(" ", 3)
@@ -206,9 +209,12 @@ module Strobe
         headers = {}
         lines.each do |field|
           name, value = field.split(":", 2)
-          return nil unless value
+          return nil unless value && name.match?(/\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\z/)
 
-          headers[name.strip.downcase] = value.strip
+          name = name.downcase
+          return nil if name == "host" && headers.key?(name)
+
+          headers[name] = value.strip
         end
         new(verb, target, headers)
       end
