@@ -165,6 +165,30 @@ class TestMiddleware < Minitest::Test
     assert_operator totals.fetch("TestMiddleware#page_work", 0), :>, 0, "the ?strobe=1 request's samples are kept"
   end
 
+  # Under a fiber scheduler requests share threads: one request's samples
+  # cannot be told from the others', so it gets its page, not a flamegraph.
+  class NullScheduler
+    def block(*) = nil
+    def unblock(*) = nil
+    def kernel_sleep(*) = nil
+    def io_wait(*) = nil
+    def fiber(&block) = Fiber.new(blocking: false, &block).tap(&:resume)
+    def close = nil
+  end
+
+  def test_no_flamegraph_under_a_fiber_scheduler
+    a = app(permit: ->(_) { true }, mode: :cpu, interval: 100)
+    body = nil
+    _, err = capture_io do
+      Thread.new do
+        Fiber.set_scheduler(NullScheduler.new)
+        body = Rack::MockRequest.new(a).get("/page?cpu=5&strobe=1").body
+      end.join
+    end
+    assert_equal "page /page", body
+    assert_match(/cannot profile one request on a fiber scheduler/, err)
+  end
+
   # A save that keeps failing, or an on_result that keeps raising, is one
   # line on stderr, not one per save (nor a thread's backtrace).
   def test_a_recurring_problem_is_one_line

@@ -32,7 +32,10 @@ module Strobe
   #                 instead of the page: the samples of its own thread while
   #                 the application handled it, nothing of other requests
   #                 (profiles are then kept raw: the flamegraph is cut
-  #                 from them)
+  #                 from them). Not under a fiber scheduler (Falcon), whose
+  #                 requests share threads: there the page is served; nor
+  #                 can it tell apart requests an application interleaves
+  #                 on one thread with fibers of its own.
   #
   # Requests that overlap (threaded servers) share one profile: it starts
   # with the first and stops when the last ends. The profile covers the
@@ -219,6 +222,12 @@ module Strobe
     # profile like any other, and its flamegraph is cut from a snapshot of
     # it: its thread's samples while the application handled it.
     def flamegraph_response(env)
+      if Fiber.scheduler
+        # Falcon and other fiber servers run many requests on a thread: its
+        # samples would show theirs too.
+        warn_once "cannot profile one request on a fiber scheduler (other requests share its thread)"
+        return @app.call(env)
+      end
       unless begin_profiling
         warn_once "cannot profile this request: another profile is running"
         return @app.call(env)
