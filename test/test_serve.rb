@@ -441,6 +441,31 @@ class TestServe < Minitest::Test
     end
   end
 
+  # Handlers the program kills while it runs are started again by the
+  # accept thread: requests go on being answered.
+  def test_killed_handlers_are_started_again_while_serving
+    with_server do |server, _|
+      Thread.list.select { |t| t.name.to_s.match?(/\Astrobe serve \d/) }.each(&:kill).each(&:join)
+      assert_equal "200", get(server.url).code
+      assert server.serving?
+    end
+  end
+
+  # A client that takes nothing of its response is dropped after
+  # DeadlineWriter::STALL seconds without progress, however far the
+  # response deadline is.
+  def test_a_client_that_never_reads_is_dropped
+    reader, writer = UNIXSocket.pair
+    out = Strobe::Serve::DeadlineWriter.new(writer, Strobe::Serve.now + 600)
+    error = Timeout.timeout(60) do # a guard against the hang it was, not a timing check
+      assert_raises(Strobe::Serve::Timeout) { out.write("x" * (16 << 20)) }
+    end
+    assert_match(/did not take its response/, error.message)
+  ensure
+    reader&.close
+    writer&.close
+  end
+
   # A program that kills every other thread (at shutdown, say) kills the
   # server's too: they are started again, the profile is served, and the
   # program ends normally.

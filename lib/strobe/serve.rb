@@ -46,6 +46,9 @@ module Strobe
     RESPONSE_TIMEOUT = 10
     MAX_REQUEST = 16 * 1024
     HANDLERS = 4
+    # Seconds between the accept thread's looks at the handlers (the
+    # program may kill them).
+    WATCH = 1.0
     MAX_PENDING = 32
     MAX_QUEUED = 16
     # accept(2) failures that pass: retried after a Pause.
@@ -57,17 +60,23 @@ module Strobe
     # A client too slow to send its request or take the response.
     class Timeout < StandardError; end
 
-    # Writes to a socket until a deadline: what responses are written with.
+    # Writes to a socket until a deadline, and while the client takes what
+    # is written: one that takes nothing for STALL seconds is dropped, so a
+    # client that never reads holds a handler that long, not the whole
+    # response deadline (review: eight of them delayed others by 20 s).
     class DeadlineWriter
+      STALL = 2
+
       def initialize(io, deadline)
         @io = io
         @deadline = deadline
       end
 
-      # The seconds left; nil when none.
+      # The seconds a wait may take now: to the deadline, at most STALL;
+      # nil when none are left.
       def left
         left = @deadline - Serve.now
-        left if left.positive?
+        [left, STALL].min if left.positive?
       end
 
       def write(data)
@@ -394,6 +403,7 @@ module Strobe
       incoming = {}
       pause = Pause.new
       until @stopped
+        revive_handlers
         accepting = pause.accepting?
         readable, = IO.select(accepting ? [@server, *incoming.keys] : incoming.keys, nil, nil,
                               wait_time(incoming, (pause.ends unless accepting)))
@@ -414,13 +424,25 @@ module Strobe
     end
 
     # Seconds until the earliest deadline (of a request, or of the pause in
-    # accepting); nil for none.
+    # accepting), at most WATCH.
     def wait_time(incoming, pause_ends)
       deadlines = incoming.each_value.map(&:deadline)
       deadlines << pause_ends if pause_ends
-      return nil if deadlines.empty?
+      return WATCH if deadlines.empty?
 
-      [deadlines.min - Serve.now, 0].max
+      [[deadlines.min - Serve.now, 0].max, WATCH].min
+    end
+
+    # Starts again any handler the program killed (the accept thread itself
+    # is started again at exit: revive).
+    def revive_handlers
+      return if @handlers.all?(&:alive?)
+
+      @handlers = @handlers.each_with_index.map do |handler, i|
+        handler.alive? ? handler : start_thread("strobe serve #{i + 1}") { handle_loop }
+      end
+    rescue ThreadError => e
+      note "cannot start a thread: #{e.message}"
     end
 
     def accept(incoming, pause)
