@@ -494,6 +494,22 @@ class TestServe < Minitest::Test
 
   # The listening socket's number, closed, may go to a file of the
   # program's: a child forked afterwards must keep that file.
+  # What a child forked now reads from file.
+  def read_in_a_child(file)
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      writer.write(file.read)
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    read = Timeout.timeout(60) { reader.read }
+    Process.wait(pid)
+    reader.close
+    read
+  end
+
   def test_a_child_forked_after_the_server_stopped_keeps_its_files
     Dir.mktmpdir do |dir|
       path = File.join(dir, "mine.txt")
@@ -503,18 +519,7 @@ class TestServe < Minitest::Test
       server.stop
       File.open(path) do |file|
         skip "the socket's descriptor #{fd} went elsewhere (file got #{file.fileno})" unless file.fileno == fd
-        reader, writer = IO.pipe
-        pid = fork do
-          reader.close
-          writer.write(file.read)
-          writer.close
-          exit!(0)
-        end
-        writer.close
-        read = Timeout.timeout(60) { reader.read }
-        Process.wait(pid)
-        reader.close
-        assert_equal "mine", read
+        assert_equal "mine", read_in_a_child(file)
       end
     end
   end
@@ -533,18 +538,7 @@ class TestServe < Minitest::Test
       IO.for_fd(fd, autoclose: true).close # behind the server's back
       File.open(path) do |file|
         skip "the socket's descriptor #{fd} went elsewhere (file got #{file.fileno})" unless file.fileno == fd
-        reader, writer = IO.pipe
-        pid = fork do
-          reader.close
-          writer.write(file.read)
-          writer.close
-          exit!(0)
-        end
-        writer.close
-        read = Timeout.timeout(60) { reader.read }
-        Process.wait(pid)
-        reader.close
-        assert_equal "mine", read
+        assert_equal "mine", read_in_a_child(file)
       end
     ensure
       Strobe::Native.close_in_children(nil)
