@@ -395,13 +395,9 @@ class TestExports < Minitest::Test
     result[:frames] = result[:frames].merge(4 => FRAMES[4].merge(name: :times_symbol, total_samples: 0, samples: 0))
     exports = %i[export_pprof export_firefox export_speedscope]
     expected = exports.map { |e| Strobe::Native.public_send(e, result, nil, nil).b }
-    GC.stress = true
-    actual = exports.map { |e| Strobe::Native.public_send(e, result, nil, StringIO.new).string.b }
-    GC.stress = false
+    actual = under_gc_stress { exports.map { |e| Strobe::Native.public_send(e, result, nil, StringIO.new).string.b } }
     assert_equal expected, actual
     assert_includes expected[1], "times_symbol"
-  ensure
-    GC.stress = false
   end
 
   # A snapshot is built from a copy of the profile while it goes on; with a
@@ -410,9 +406,7 @@ class TestExports < Minitest::Test
     Strobe.start(mode: :custom, raw: true)
     threads = Array.new(3) { |i| Thread.new { (i + 1).times { Strobe.sample } } }
     threads.each(&:join)
-    GC.stress = true
-    snap = Strobe.snapshot
-    GC.stress = false
+    snap = under_gc_stress { Strobe.snapshot }
     Strobe.sample
     Strobe.stop
     final = Strobe.results
@@ -423,7 +417,6 @@ class TestExports < Minitest::Test
     assert_equal [1, 2, 3], snap[:threads].values.map { |t| t[:samples] }.sort
     assert_equal 7, final[:threads].values.sum { |t| t[:samples] }
   ensure
-    GC.stress = false
     Strobe.stop
     Strobe.results
   end

@@ -29,6 +29,26 @@ module StrobeTestHelpers
   # This Ruby's build tree (the Rakefile's BUILD): one per Ruby ABI.
   BUILD = File.join(ROOT, "tmp", RbConfig::CONFIG["ruby_version"])
 
+  # GC at every allocation while the block runs, compacting as the suite
+  # does, except on Ruby before 3.3: there a compacting GC also reads the
+  # VM stack slot just past the top (rb_vm_each_stack_value's `p <= sp`,
+  # fixed by ruby/ruby#7081), a stale VALUE left by an earlier call, and
+  # segfaults once that object's page is freed. GC.stress with auto_compact
+  # meets it sooner or later with or without Strobe (seen on 3.1 in the
+  # full suite, at `2**64`, whose frame's top slot held a freed object).
+  def under_gc_stress
+    compact = GC.auto_compact
+    GC.auto_compact = false if compact && RUBY_VERSION < "3.3"
+    GC.stress = true
+    yield
+  ensure
+    GC.stress = false
+    if compact && !GC.auto_compact
+      GC.start # never turn compaction on mid-GC (see the top of this file)
+      GC.auto_compact = true
+    end
+  end
+
   # For tests of sampling statistics (rates, shares between threads):
   # under `rake test:valgrind` the process runs some 50 times slower and
   # valgrind runs one thread at a time, so the statistics cannot hold; the

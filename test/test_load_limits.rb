@@ -264,12 +264,7 @@ class TestLoadLimits < Minitest::Test
     string = Strobe::Native.report_folded(result, nil)
     assert_operator string.bytesize, :>, 3 * (1 << 20) # several chunks
     io = StringIO.new
-    GC.stress = true
-    begin
-      Strobe::Native.report_folded(result, nil, io)
-    ensure
-      GC.stress = false
-    end
+    under_gc_stress { Strobe::Native.report_folded(result, nil, io) }
     assert_equal string, io.string
   end
 

@@ -194,9 +194,7 @@ class TestReportFormats < Minitest::Test
     result[:frames][3] = result[:frames][3].merge(name: "A#\e[2Jp\u00f6w;\n".encode("ISO-8859-1"))
     formats = %i[print_text print_stackcollapse print_graphviz print_callgrind print_files]
     expected = formats.map { |f| output(report(result), f) }
-    GC.stress = true
-    actual = formats.map { |f| output(report(result), f) }
-    GC.stress = false
+    actual = under_gc_stress { formats.map { |f| output(report(result), f) } }
     assert_equal expected, actual
     assert_includes expected[1], "symbol_name"
     assert_includes expected[0], "A#\\e[2Jp\u00f6w;\\n\n"

@@ -202,13 +202,11 @@ class TestTrace < Minitest::Test
     fiber = Fiber.new { Work.twice; Fiber.yield; Work.twice }
     result = trace do
       fiber.resume
-      GC.stress = true
-      Class.new { def self.made = Work.leaf }.made
-      Object.new.tap { |o| def o.single = Work.leaf }.single
-      GC.stress = false
+      under_gc_stress do
+        Class.new { def self.made = Work.leaf }.made
+        Object.new.tap { |o| def o.single = Work.leaf }.single
+      end
       fiber.resume
-    ensure
-      GC.stress = false
     end
     assert_equal 6, frame(result, "TestTrace::Work.leaf")[1][:calls]
     assert_equal 2, frame(result, "TestTrace::Work.twice")[1][:calls]
