@@ -77,6 +77,7 @@ module StrobeTestHelpers
       err = Thread.new { stderr.read }
       unless wait.join(timeout)
         Process.kill(:KILL, -wait.pid)
+        [out, err].each { |reader| reader.join(5) } # before the streams close under them
         flunk "#{command.join(' ')} did not finish within #{timeout}s"
       end
       [out.value, err.value, wait.value]

@@ -278,7 +278,7 @@ class TestMiddleware < Minitest::Test
 
   def test_bad_options_are_refused_when_built
     inner = ->(_) { [200, {}, []] }
-    { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_at_exit: "no",
+    { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_interval: -1, save_at_exit: "no",
       on_result: 3, permit: :yes, metadata: [], format: :svg }.each do |option, value|
       error = assert_raises(ArgumentError, option.to_s) { Strobe::Middleware.new(inner, option => value) }
       assert_match(/#{option}/, error.message)
@@ -286,6 +286,63 @@ class TestMiddleware < Minitest::Test
     assert_raises(ArgumentError) { Strobe::Middleware.new(inner, sample_rate: 1) }.then do |e|
       assert_match(/unknown option: :sample_rate/, e.message)
     end
+  end
+
+  # The README's config.ru lines, as copied, before a `run`: with nothing
+  # else said, a file per 100 requests and one at exit, in tmp/strobe/.
+  def test_the_readme_config_ru_as_copied_saves_by_default
+    readme = File.read(File.join(StrobeTestHelpers::ROOT, "README.md"))
+    snippet = readme[/```ruby\n(# config\.ru.*?)```/m, 1]
+    refute_nil snippet, "README has a config.ru snippet"
+    File.write(File.join(@dir, "config.ru"), "#{snippet}run ->(_env) { 20_000.times(&:to_s); [200, {}, [\"ok\"]] }\n")
+    code = <<~RUBY
+      require "rack"
+      require "rack/mock"
+      built = Rack::Builder.parse_file("config.ru")
+      app = built.is_a?(Array) ? built.first : built # Rack 2 also returns options
+      250.times { raise "not served" unless Rack::MockRequest.new(app).get("/").body == "ok" }
+    RUBY
+    _, err, status = run_command({}, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || StrobeTestHelpers::LIB}",
+                                 "-I#{StrobeTestHelpers::LIB}", "-e", code, chdir: @dir)
+    assert status.success?, err
+    assert_empty err
+    files = Dir[File.join(@dir, "tmp/strobe/*.json")]
+    assert_equal 3, files.size, "after requests 100 and 200, and at exit"
+    results = files.map { |f| Strobe.load(f) }
+    results.each { |r| assert_equal :wall, r[:mode] }
+    assert(results.all? { |r| r[:frames].values.any? { |f| f[:name].to_s.include?("Integer#times") } })
+  end
+
+  # save_interval: a request ending that long after the last save saves;
+  # one sample per request, so each result tells which requests it holds.
+  def test_saves_when_the_interval_has_passed
+    saved = Queue.new
+    mw = Strobe::Middleware.new(->(_) { Strobe.sample; [200, {}, ["ok"]] }, enabled: true, mode: :custom,
+                                save_every: false, save_interval: 1, save_at_exit: false,
+                                on_result: ->(r) { saved << r })
+    mw.call({}) # not due: under a second since it was built
+    sleep 1.05
+    mw.call({}) # due: saves both
+    mw.call({}) # not due: the interval starts again at each save
+    assert_kind_of Hash, mw.save, "the third request was still unsaved"
+    results = Timeout.timeout(10) { Array.new(2) { saved.pop } }
+    assert_equal [2, 1], results.map { |r| r[:samples] }
+  end
+
+  # Saving all turned off: said once, as it is built; a middleware that
+  # profiles nothing (enabled: false) or hands results over says nothing.
+  def test_a_middleware_that_never_saves_says_so
+    inner = ->(_) { [200, {}, []] }
+    off = { save_every: false, save_interval: false, save_at_exit: false }
+    _, err = capture_io { Strobe::Middleware.new(inner, enabled: true, **off) }
+    assert_match(/save_every:, save_interval: and save_at_exit: are all off/, err)
+    assert_equal 1, err.lines.size
+    _, err = capture_io do
+      Strobe::Middleware.new(inner, enabled: false, **off)
+      Strobe::Middleware.new(inner, enabled: true, on_result: ->(_) {}, **off)
+      Strobe::Middleware.new(inner, enabled: true, save_every: false, save_at_exit: false)
+    end
+    assert_empty err
   end
 
   def test_save_at_exit_in_a_child_process

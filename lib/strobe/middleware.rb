@@ -23,7 +23,12 @@ module Strobe
   #                 .pb.gz for pprof); anything else is the file itself
   #                 (default "tmp/strobe/")
   #   save_every:   write the profile after every N profiled requests
+  #                 (default 100; false: never by count)
+  #   save_interval: write it when a profiled request ends this many
+  #                 seconds or more after the last save (default 60;
+  #                 false: never by time)
   #   save_at_exit: write what was collected when the process exits
+  #                 (default true)
   #   on_result:    instead of writing files, hand each saved result (a
   #                 Hash) to this proc, one at a time, on a thread of the
   #                 middleware's own (what it raises is reported once)
@@ -47,14 +52,22 @@ module Strobe
   # samples are in the next file too, if it was enabled) and takes nothing
   # out of it.
   #
+  # A middleware that profiles always saves somewhere: by default in
+  # tmp/strobe/, every 100 requests or 60 s, and at exit. One whose saving
+  # is all turned off (and with no on_result) says so once, on stderr, as it
+  # is built: its profile then grows until #save is called.
+  #
   # Profiling never breaks a request: when Strobe cannot start (another
   # profile is running, the signal is taken), or saving fails, the request
   # is served as if there were no middleware and one line goes to stderr
   # (once per distinct problem). Bad options raise ArgumentError when the
   # middleware is built.
   class Middleware
-    OPTIONS = %i[enabled mode interval raw native metadata format path save_every save_at_exit on_result permit].freeze
+    OPTIONS = %i[enabled mode interval raw native metadata format path save_every save_interval save_at_exit
+                 on_result permit].freeze
     DEFAULT_PATH = "tmp/strobe/"
+    DEFAULT_SAVE_EVERY = 100   # requests
+    DEFAULT_SAVE_INTERVAL = 60 # seconds
     FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
 
     def initialize(app, **options)
@@ -73,16 +86,22 @@ module Strobe
       @path = options.fetch(:path, DEFAULT_PATH)
       raise ArgumentError, "path must be a String, got #{@path.inspect}" unless @path.is_a?(String) && !@path.empty?
 
-      @save_every = options[:save_every]
-      unless @save_every.nil? || (@save_every.is_a?(Integer) && @save_every.positive?)
-        raise ArgumentError, "save_every must be a positive Integer, got #{@save_every.inspect}"
-      end
+      @save_every = check_schedule(:save_every, options.fetch(:save_every, DEFAULT_SAVE_EVERY), Integer, "Integer")
+      @save_interval = check_schedule(:save_interval, options.fetch(:save_interval, DEFAULT_SAVE_INTERVAL),
+                                      Numeric, "number of seconds")
+      save_at_exit = check_switch(:save_at_exit, options.fetch(:save_at_exit, true))
 
       @lock = Mutex.new
       @active = 0     # requests in the shared profile now
       @since_save = 0 # enabled requests profiled since the last save
+      @saved_at = now_s
       @warned = {}
-      at_exit { save } if check_switch(:save_at_exit, options.fetch(:save_at_exit, false))
+      return unless @enabled
+
+      at_exit { save } if save_at_exit
+      return if @save_every || @save_interval || save_at_exit || @on_result
+
+      warn_once "save_every:, save_interval: and save_at_exit: are all off: the profile is saved only when #save is called"
     end
 
     def call(env)
@@ -110,6 +129,7 @@ module Strobe
     # nothing, or the running profile is someone else's.
     private def take_profile
       @since_save = 0
+      @saved_at = now_s
       return Strobe.results unless Strobe.running?
 
       @active.positive? ? Strobe.snapshot(reset: true) : nil
@@ -121,6 +141,14 @@ module Strobe
       return value if [true, false].include?(value) || (name == :enabled && value.respond_to?(:call))
 
       raise ArgumentError, "#{name} must be true or false#{' (or a proc of the env)' if name == :enabled}, got #{value.inspect}"
+    end
+
+    # A saving schedule: a positive number of its kind, or false/nil (off).
+    def check_schedule(name, value, kind, kind_name)
+      return nil if value.nil? || value == false
+      return value if value.is_a?(kind) && value.positive?
+
+      raise ArgumentError, "#{name} must be a positive #{kind_name} or false, got #{value.inspect}"
     end
 
     def check_proc(name, value)
@@ -206,7 +234,7 @@ module Strobe
         @active -= 1
         @since_save += 1 if counted
         Strobe.stop if @active.zero?
-        if @save_every && @since_save >= @save_every
+        if save_due?
           take_profile
         elsif @active.zero? && @since_save.zero?
           Strobe.results
@@ -247,8 +275,20 @@ module Strobe
        [flamegraph_page(request_samples(snapshot, thread, from, to), title)]]
     end
 
+    # By count or by time, with @lock held; never for a profile holding no
+    # counted request.
+    def save_due?
+      return false if @since_save.zero?
+
+      (@save_every && @since_save >= @save_every) || (@save_interval && now_s - @saved_at >= @save_interval)
+    end
+
     def now_us
       Process.clock_gettime(Process::CLOCK_MONOTONIC, :microsecond)
+    end
+
+    def now_s
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
     # The samples of one thread from..to, or nil when there are none (or
