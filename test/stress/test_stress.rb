@@ -21,6 +21,9 @@ class TestStress < Minitest::Test
     if ruby_args.any?(JIT) && RUBY_ARGS.any?(JIT)
       skip "#{name} picks its own JIT (#{ruby_args.join(' ')}); STRESS_RUBY_ARGS is #{RUBY_ARGS.join(' ')}"
     end
+    if (since = spec[:since_ruby]) && Gem::Version.new(RUBY_VERSION) < Gem::Version.new(since)
+      skip "#{name}: #{spec.fetch(:why)}"
+    end
     if (plain = spec[:unless_ruby_crashes]) && (why = ruby_crashes(plain, ruby_args))
       skip "#{name}: Ruby #{RUBY_VERSION} itself does not survive the program without Strobe (#{why})"
     end
