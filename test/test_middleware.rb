@@ -142,8 +142,11 @@ class TestMiddleware < Minitest::Test
     assert_includes flame.body, "<canvas"
     assert_includes flame.body, "TestMiddleware#work"
     assert_includes flame.body, "GET /page (Strobe)"
-    short = Rack::MockRequest.new(a).get("/page?strobe=1", "HTTP_X_ADMIN" => "yes")
-    assert_match(/No samples of this request were taken/, short.body)
+    # A request shorter than the interval: a second of CPU, so that no
+    # machine, however loaded, takes a sample of it.
+    rare = app(permit: ->(_) { true }, mode: :cpu, interval: 1_000_000)
+    short = Rack::MockRequest.new(rare).get("/page?strobe=1")
+    assert_match(/No samples of this request were taken \(sampling cpu at 1000000 µs\)/, short.body)
   end
 
   # A request's flamegraph holds its own samples only: not those of the
