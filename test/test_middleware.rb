@@ -291,6 +291,73 @@ class TestMiddleware < Minitest::Test
     end
   end
 
+  # A server's own threads (Puma's idle workers, its reactor) are in no
+  # profile by default: only the threads serving profiled requests, each
+  # while its request runs. threads: :all takes every thread.
+  def test_a_profile_holds_the_requests_threads_not_the_servers
+    stop = false
+    server = Thread.new { server_loop until stop }
+    Timeout.timeout(10) { sleep 0.01 until server.status == "sleep" }
+    results = Queue.new
+    [:requests, :all].each do |threads|
+      a = app(enabled: true, threads: threads, mode: :wall, interval: 1000, save_every: 3,
+              on_result: ->(r) { results << r })
+      3.times { get(a, "/?cpu=30") }
+      result = Timeout.timeout(10) { results.pop }
+      names = result[:frames].values.map { |f| f[:name] }
+      assert_includes names, "TestMiddleware#page_work"
+      if threads == :requests
+        assert_equal [Thread.current.native_thread_id], result[:threads].keys
+        refute_includes names, "TestMiddleware#server_loop"
+      else
+        assert_includes result[:threads].keys, server.native_thread_id
+        assert_includes names, "TestMiddleware#server_loop"
+      end
+    end
+  ensure
+    stop = true
+    server&.join
+  end
+
+  def server_loop = sleep(0.005)
+
+  # A thread the request's code starts is its too, while the request runs
+  # (Ruby 3.2+: it inherits the request's scope by Fiber storage); what it
+  # does after the request ended is not.
+  def test_threads_a_request_starts_are_in_its_profile
+    skip "threads inherit a request's scope by Fiber storage, Ruby 3.2+" unless Fiber.respond_to?(:[])
+    later = Queue.new
+    late = nil
+    inner = lambda do |env|
+      next env["hold"].pop && [200, {}, ["held"]] if env["hold"]
+
+      Thread.new { child_work(0.03) }.join
+      late = Thread.new { later.pop; after_request_work(0.05) }
+      Timeout.timeout(10) { Thread.pass until late.status == "sleep" } # begun, in the request's scope
+      [200, {}, ["ok"]]
+    end
+    results = Queue.new
+    mw = Strobe::Middleware.new(inner, enabled: true, mode: :cpu, interval: 1000, save_every: false,
+                                       save_interval: false, save_at_exit: false, on_result: ->(r) { results << r })
+    # Another request stays in flight, so profiling goes on after this one.
+    gate = Queue.new
+    holder = Thread.new { mw.call({ "hold" => gate }) }
+    Timeout.timeout(10) { sleep 0.01 until Strobe.running? }
+    mw.call({})
+    later << :go
+    late.join # its work after the request, while profiling goes on
+    gate << :go
+    holder.join
+    mw.save
+    result = Timeout.timeout(10) { results.pop }
+    names = result[:frames].values.map { |f| f[:name] }
+    assert_includes names, "TestMiddleware#child_work"
+    refute_includes names, "TestMiddleware#after_request_work"
+  end
+
+  def child_work(seconds) = burn_cpu(seconds)
+  def after_request_work(seconds) = burn_cpu(seconds)
+
   # The README's config.ru lines, as copied, before a `run`: with nothing
   # else said, a file per 100 requests and one at exit, in tmp/strobe/.
   def test_the_readme_config_ru_as_copied_saves_by_default

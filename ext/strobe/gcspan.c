@@ -131,7 +131,7 @@ gc_hook(VALUE tpval, void *data)
     rb_event_flag_t event = rb_tracearg_event_flag(rb_tracearg_from_tracepoint(tpval));
     if (event == RUBY_INTERNAL_EVENT_GC_ENTER) {
         strobe_thread_t *t = strobe_threads_self();
-        if (!t || atomic_load(&t->state) != STROBE_THREAD_LIVE) return;
+        if (!t || atomic_load(&t->state) != STROBE_THREAD_LIVE || !strobe_sampler_sampled(t)) return;
         G.t = t;
         G.kind = phase_now();
         G.at_ns = clock_now_ns();

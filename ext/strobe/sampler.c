@@ -121,6 +121,8 @@ static struct {
     rb_internal_thread_event_hook_t *gvl_hook;
 #endif
     int track_states;        /* this round records GVL states */
+    int scopes;              /* this round has entered a scope (strobe_sampler_scope_enter) */
+    VALUE scope_key;         /* the Fiber storage key threads inherit a scope by (a static Symbol) */
     int native;              /* this round captures native frames in the handler */
 
     pid_t pid;               /* this process, as the timer's signals name it */
@@ -176,6 +178,18 @@ strobe_sampler_exclude_current(void)
     strobe_threads_end(t);
 }
 
+/* GVL held: registers the calling thread (thread), NULL when
+ * STROBE_MAX_THREADS are. */
+static strobe_thread_t *
+register_current(VALUE thread)
+{
+    /* It runs Ruby code now: it holds the GVL. */
+    strobe_thread_t *t = strobe_threads_add(strobe_gettid(), thread, S.track_states ? STROBE_STATE_RUNNING : STROBE_STATE_UNKNOWN);
+    if (!t) S.unsampled_threads++;
+    else if (S.native) strobe_native_warm(t);
+    return t;
+}
+
 /* GVL held: the calling thread's entry, registering it if it is profiled. */
 static strobe_thread_t *
 current_entry(void)
@@ -183,12 +197,112 @@ current_entry(void)
     strobe_thread_t *t = strobe_threads_self();
     if (t) return t;
     VALUE thread = rb_thread_current();
-    if (!profiled(thread)) return NULL;
-    /* It runs Ruby code now: it holds the GVL. */
-    t = strobe_threads_add(strobe_gettid(), thread, S.track_states ? STROBE_STATE_RUNNING : STROBE_STATE_UNKNOWN);
-    if (!t) S.unsampled_threads++;
-    else if (S.native) strobe_native_warm(t);
-    return t;
+    return profiled(thread) ? register_current(thread) : NULL;
+}
+
+/* ---- scopes: threads sampled only while they serve something -------------------
+ *
+ * Strobe::Middleware profiles a request's own threads, not the server's
+ * idle ones: it starts with threads: [] (nobody), and each request's thread
+ * enters a scope (a request id) as the request begins and leaves it as it
+ * ends. Between scopes an entry stays registered, its samples kept, but
+ * paused: the timer neither signals it nor counts its ticks missed, and a
+ * signal sent just before it paused takes no sample. A thread the scope's
+ * code starts inherits the scope through Fiber storage (Ruby 3.2+: Thread.new
+ * copies it), under Native::SCOPE_KEY, and pauses with it. */
+
+static int
+fiber_storage_available(void)
+{
+    static int known = -1;
+    if (known < 0) known = rb_respond_to(rb_path2class("Fiber"), rb_intern("[]"));
+    return known;
+}
+
+VALUE
+strobe_sampler_scope_key(void)
+{
+    return S.scope_key;
+}
+
+int
+strobe_sampler_sampled(const strobe_thread_t *t)
+{
+    return !atomic_load_explicit(&t->paused, memory_order_relaxed);
+}
+
+/* Whether any thread is sampled for scope id now. */
+static int
+scope_open(long id)
+{
+    for (int i = 0, n = strobe_threads_len(); i < n; i++) {
+        strobe_thread_t *t = strobe_threads_at(i);
+        if (atomic_load(&t->state) == STROBE_THREAD_LIVE && atomic_load(&t->scope) == id && !atomic_load(&t->paused))
+            return 1;
+    }
+    return 0;
+}
+
+/* Under the registry lock (the timer's counts for t are its own during a
+ * tick): t samples for id from now, its counts starting afresh so its time
+ * paused is neither missed nor owed. */
+static void
+resume_locked(strobe_thread_t *t, long id)
+{
+    t->sent = atomic_load(&t->handled);
+    t->pending_ticks = 0;
+    int64_t cpu = strobe_placement_cpu_ns(t, 100);
+    if (cpu >= 0) t->cpu_last_ns = cpu;
+    atomic_store(&t->idle_cpu_ns, -1); /* read its stack afresh */
+    atomic_store(&t->deferred, 0);
+    atomic_store(&t->scope, id);
+    atomic_store(&t->paused, 0);
+}
+
+/* A thread starting (THREAD_BEGIN, its own thread): in the scope its
+ * creator was in, if that scope is still open. */
+static void
+inherit_scope(VALUE thread)
+{
+    if (!fiber_storage_available()) return;
+    VALUE id = rb_funcall(rb_path2class("Fiber"), rb_intern("[]"), 1, S.scope_key);
+    if (!FIXNUM_P(id) || FIX2LONG(id) <= 0) return;
+    strobe_threads_lock();
+    int open = scope_open(FIX2LONG(id));
+    strobe_threads_unlock();
+    if (!open) return;
+    strobe_thread_t *t = register_current(thread);
+    if (!t) return;
+    strobe_threads_lock();
+    resume_locked(t, FIX2LONG(id));
+    strobe_threads_unlock();
+}
+
+int
+strobe_sampler_scope_enter(long id)
+{
+    if (!atomic_load(&S.running)) return 0;
+    S.scopes = 1;
+    strobe_thread_t *t = strobe_threads_self();
+    if (!t) t = register_current(rb_thread_current());
+    if (!t) return 0;
+    strobe_threads_lock();
+    resume_locked(t, id);
+    strobe_threads_unlock();
+    return 1;
+}
+
+void
+strobe_sampler_scope_leave(long id)
+{
+    strobe_threads_lock();
+    for (int i = 0, n = strobe_threads_len(); i < n; i++) {
+        strobe_thread_t *t = strobe_threads_at(i);
+        if (atomic_load(&t->scope) != id) continue;
+        atomic_store(&t->paused, 1);
+        atomic_store(&t->scope, 0);
+    }
+    strobe_threads_unlock();
 }
 
 /* A note (not a sample) of thread t's stack, for the timer to repeat while
@@ -263,7 +377,11 @@ thread_hook(VALUE tpval, void *data)
     if (!atomic_load(&S.running)) return;
     rb_trace_arg_t *arg = rb_tracearg_from_tracepoint(tpval);
     if (rb_tracearg_event_flag(arg) == RUBY_EVENT_THREAD_BEGIN) {
-        if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) current_entry();
+        if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) {
+            VALUE thread = rb_thread_current();
+            if (profiled(thread)) current_entry();
+            else if (S.scopes) inherit_scope(thread);
+        }
         return;
     }
     strobe_thread_t *t = strobe_threads_self();
@@ -506,6 +624,7 @@ static void
 serve_owed(strobe_thread_t *t, VALUE thread)
 {
     if (!atomic_exchange(&t->deferred, 0)) return;
+    if (!strobe_sampler_sampled(t)) return; /* it paused since */
     if (!strobe_guard_take(t)) { strobe_profile_add_missed(1); return; }
     take_sample(t, thread, NULL);
     if (S.safepoint_timer && S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
@@ -623,6 +742,11 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         goto out;
     }
     if (!t) goto out; /* not a thread we sample */
+    if (!strobe_sampler_sampled(t)) {
+        /* Sent just before it paused between scopes: no sample, none missed. */
+        if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        goto out;
+    }
     int taken = strobe_guard_take_in_handler(t, &saved_errno);
     if (taken < 0) {
         /* It interrupted this thread's own handler (its signal is not
@@ -800,6 +924,7 @@ timer_main(void *arg)
             strobe_thread_t *t = strobe_threads_at(i);
             if (atomic_load_explicit(&t->state, memory_order_acquire) != STROBE_THREAD_LIVE) continue;
             if (atomic_load_explicit(&t->not_ruby, memory_order_relaxed)) continue;
+            if (!strobe_sampler_sampled(t)) continue; /* between scopes */
             if (strobe_gcspan_counts(t)) continue; /* in GC: the GC hooks count its time */
             live++;
             /* Its CPU time, wherever it runs (placement.c). */
@@ -1052,6 +1177,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
     if (jit > strobe_profile.jit) strobe_profile.jit = jit; /* rounds: the JIT any of them ran with */
     S.interval = interval;
     S.only = only;
+    S.scopes = 0;
     atomic_store(&S.signals_sent, 0);
     strobe_threads_reset();
     if (NIL_P(S.thread_hook))
@@ -1174,7 +1300,7 @@ strobe_sampler_sample_now(void)
 {
     if (!atomic_load(&S.running)) return 0;
     strobe_thread_t *t = current_entry();
-    if (!t) return 0; /* a thread that is not profiled */
+    if (!t || !strobe_sampler_sampled(t)) return 0; /* a thread that is not profiled, or not now */
     if (!strobe_guard_take(t)) {
         strobe_profile_add_missed(1);
         return 0;
@@ -1322,6 +1448,7 @@ strobe_sampler_init(void)
     S.thread_hook = Qnil;
     S.only = Qnil;
     S.excluded = Qnil;
+    S.scope_key = ID2SYM(rb_intern("strobe_scope"));
     S.child_fd = S.null_fd = -1;
     atomic_store(&S.vm_alive, 1);
     strobe_threads_init();

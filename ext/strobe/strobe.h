@@ -157,6 +157,8 @@ typedef struct {
     atomic_int in_gc;        /* it runs a GC the GC hooks count (gcspan.c) */
     atomic_int deferred;     /* a sample is owed at the next safe point (JIT, see sampler.c) */
     atomic_int not_ruby;     /* its kernel thread runs no Ruby thread (ended, parked in Ruby's thread cache) */
+    atomic_int paused;       /* not sampled now: a scope's thread between its scopes (sampler.c) */
+    _Atomic long scope;      /* the scope it samples for (Native.scope_enter), 0 none */
     int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */
     _Atomic uint8_t gvl_state; /* STROBE_STATE_*, set by the GVL hook */
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
@@ -536,6 +538,18 @@ int strobe_sampler_profiled(VALUE thread);
 /* The threads to profile: an Array of Threads, or nil for all (tracing;
  * sampling sets it as it starts). */
 void strobe_sampler_only(VALUE threads);
+/* GVL held: the calling thread is sampled for scope id (> 0) from now on,
+ * registered if it was not, and so is every thread it starts meanwhile
+ * (Ruby 3.2+, by Fiber storage). Returns whether it is sampled (not with
+ * STROBE_MAX_THREADS running). */
+int strobe_sampler_scope_enter(long id);
+/* GVL held: the threads of scope id are no longer sampled (paused, their
+ * samples kept) until they enter a scope again. */
+void strobe_sampler_scope_leave(long id);
+/* The Fiber storage key (a Symbol) a scope is inherited by. */
+VALUE strobe_sampler_scope_key(void);
+/* Whether thread t is sampled now (not paused between scopes). Async-signal-safe. */
+int strobe_sampler_sampled(const strobe_thread_t *t);
 /* A forked child puts /dev/null in place of descriptor fd (strobe serve's
  * listening socket), in the atfork child handler. */
 void strobe_sampler_close_in_children(int fd);

@@ -13,6 +13,13 @@ module Strobe
   # Options:
   #   enabled:      true, false (the default), or a proc given the Rack env
   #                 that says whether to profile this request
+  #   threads:      :requests (the default): a profile holds the threads
+  #                 serving profiled requests, and the threads their code
+  #                 starts (Ruby 3.2+), each while its request runs; not
+  #                 the server's own threads (idle workers, reactors,
+  #                 timers). :all: every thread of the process, for as
+  #                 long as requests are profiled. (:trace mode traces
+  #                 every thread.)
   #   mode:, interval:, raw:, native:, metadata:, format:
   #                 as for Strobe.start (mode :wall, interval 1000; format
   #                 :json, or an export such as :pprof, which keeps raw
@@ -63,8 +70,11 @@ module Strobe
   # (once per distinct problem). Bad options raise ArgumentError when the
   # middleware is built.
   class Middleware
-    OPTIONS = %i[enabled mode interval raw native metadata format path save_every save_interval save_at_exit
-                 on_result permit].freeze
+    OPTIONS = %i[enabled threads mode interval raw native metadata format path save_every save_interval
+                 save_at_exit on_result permit].freeze
+    THREADS = %i[requests all].freeze
+    # Threads a request starts inherit its scope by Fiber storage (3.2+).
+    FIBER_STORAGE = Fiber.respond_to?(:[])
     DEFAULT_PATH = "tmp/strobe/"
     DEFAULT_SAVE_EVERY = 100   # requests
     DEFAULT_SAVE_INTERVAL = 60 # seconds
@@ -82,6 +92,10 @@ module Strobe
                    native: options[:native], metadata: options.fetch(:metadata, {}), format: options[:format] }.compact
       checked = Options.new(@profile) # every problem with them, now rather than per request
       @format = checked.format
+      @threads = options.fetch(:threads, :requests)
+      raise ArgumentError, "threads must be :requests or :all, got #{@threads.inspect}" unless THREADS.include?(@threads)
+
+      @threads = :all if checked.trace?
       @profile = @profile.except(:format).merge(raw: checked.raw || !@permit.nil?)
       @path = options.fetch(:path, DEFAULT_PATH)
       raise ArgumentError, "path must be a String, got #{@path.inspect}" unless @path.is_a?(String) && !@path.empty?
@@ -95,6 +109,7 @@ module Strobe
       @active = 0     # requests in the shared profile now
       @since_save = 0 # enabled requests profiled since the last save
       @saved_at = now_s
+      @scopes = 0     # request scopes entered (their ids)
       @warned = {}
       return unless @enabled
 
@@ -109,9 +124,11 @@ module Strobe
       return @app.call(env) unless enabled?(env)
 
       started = begin_profiling
+      scope = enter_scope if started
       begin
         @app.call(env)
       ensure
+        leave_scope(scope) if scope
         end_profiling(counted: true) if started
       end
     end
@@ -212,7 +229,10 @@ module Strobe
     def begin_profiling
       @lock.synchronize do
         if @active.zero?
-          unless Strobe.start(**@profile)
+          # threads: :requests: the first request's thread, then each
+          # request's own as it enters its scope.
+          threads = @threads == :all ? :all : [Thread.current]
+          unless Strobe.start(**@profile, threads: threads)
             warn_once "another profile is running: requests are served without profiling"
             return false
           end
@@ -223,6 +243,26 @@ module Strobe
     rescue StandardError => e
       warn_once "not profiling: #{e.message}"
       false
+    end
+
+    # threads: :requests: this thread, and those it starts, are sampled
+    # from now on for this request. Returns what leave_scope needs.
+    def enter_scope
+      return nil if @threads == :all
+
+      id = @lock.synchronize { @scopes += 1 }
+      previous = Fiber[Native::SCOPE_KEY] if FIBER_STORAGE
+      Fiber[Native::SCOPE_KEY] = id if FIBER_STORAGE
+      Native.scope_enter(id)
+      [id, previous]
+    rescue StandardError => e
+      warn_once "not profiling this request's threads: #{e.message}"
+      nil
+    end
+
+    def leave_scope((id, previous))
+      Native.scope_leave(id)
+      Fiber[Native::SCOPE_KEY] = previous if FIBER_STORAGE
     end
 
     # The last of overlapping requests stops profiling. Every save_every
@@ -261,12 +301,14 @@ module Strobe
         return @app.call(env)
       end
       thread = Thread.current.native_thread_id
+      scope = enter_scope
       from = now_us
       begin
         response = @app.call(env)
         to = now_us
         snapshot = Strobe.snapshot
       ensure
+        leave_scope(scope) if scope
         end_profiling(counted: enabled?(env))
       end
       response[2].close if response[2].respond_to?(:close)
