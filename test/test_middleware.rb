@@ -355,6 +355,54 @@ class TestMiddleware < Minitest::Test
     refute_includes names, "TestMiddleware#after_request_work"
   end
 
+  # A request that calls the application again (or a fiber server's
+  # requests, sharing a thread): its thread is sampled until its last
+  # request ends, not paused as the inner one ends.
+  def test_a_request_inside_a_request_leaves_the_outer_one_sampled
+    mw = nil
+    inner = lambda do |env|
+      next [200, {}, ["inner"]] if env["PATH_INFO"] == "/inner"
+
+      mw.call({ "PATH_INFO" => "/inner" })
+      after_inner_work(0.05)
+      [200, {}, ["outer"]]
+    end
+    results = Queue.new
+    mw = Strobe::Middleware.new(inner, enabled: true, mode: :cpu, interval: 1000, save_every: 2,
+                                       save_at_exit: false, on_result: ->(r) { results << r })
+    mw.call({ "PATH_INFO" => "/outer" })
+    names = Timeout.timeout(10) { results.pop }[:frames].values.map { |f| f[:name] }
+    assert_includes names, "TestMiddleware#after_inner_work"
+  end
+
+  def after_inner_work(seconds) = burn_cpu(seconds)
+
+  # :cpu: the CPU a thread used towards its next sample is kept from one
+  # of its requests to the next while profiling goes on (another request
+  # in flight): requests each shorter than the interval are sampled at the
+  # rate of the CPU they use together.
+  def test_requests_shorter_than_the_interval_are_sampled
+    gate = Queue.new
+    inner = lambda do |env|
+      next env["hold"].pop && [200, {}, ["held"]] if env["hold"]
+
+      page_work(0.003)
+      [200, {}, ["ok"]]
+    end
+    results = Queue.new
+    mw = Strobe::Middleware.new(inner, enabled: true, mode: :cpu, interval: 10_000, save_every: false,
+                                       save_interval: false, save_at_exit: false, on_result: ->(r) { results << r })
+    holder = Thread.new { mw.call({ "hold" => gate }) }
+    Timeout.timeout(10) { sleep 0.01 until Strobe.running? }
+    40.times { mw.call({}) } # 120 ms of CPU in 3 ms requests, sampled every 10 ms
+    gate << :go
+    holder.join
+    mw.save
+    result = Timeout.timeout(10) { results.pop }
+    page = result[:frames].values.find { |f| f[:name] == "TestMiddleware#page_work" }
+    assert_operator page&.fetch(:total_samples).to_i, :>=, 6, "about 12 expected"
+  end
+
   def child_work(seconds) = burn_cpu(seconds)
   def after_request_work(seconds) = burn_cpu(seconds)
 
@@ -364,7 +412,9 @@ class TestMiddleware < Minitest::Test
     readme = File.read(File.join(StrobeTestHelpers::ROOT, "README.md"))
     snippet = readme[/```ruby\n(# config\.ru.*?)```/m, 1]
     refute_nil snippet, "README has a config.ru snippet"
-    File.write(File.join(@dir, "config.ru"), "#{snippet}run ->(_env) { 20_000.times(&:to_s); [200, {}, [\"ok\"]] }\n")
+    # (Each request spans several intervals: one that does not overlap
+    # another starts and stops the profile, see ARCHITECTURE's limits.)
+    File.write(File.join(@dir, "config.ru"), "#{snippet}run ->(_env) { 100_000.times(&:to_s); [200, {}, [\"ok\"]] }\n")
     code = <<~RUBY
       require "rack"
       require "rack/mock"

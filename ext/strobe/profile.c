@@ -378,6 +378,13 @@ strobe_profile_record_slot(const strobe_slot_t *slot)
                           slot->states, slot->n_times);
 }
 
+void
+strobe_profile_forget_stack(strobe_thread_t *t)
+{
+    strobe_profile_t *p = &strobe_profile;
+    if (p->active && t->profile_index >= 0 && t->profile_index < p->threads_len) p->threads[t->profile_index].last_node = 0;
+}
+
 int
 strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us, int state)
 {

@@ -203,13 +203,40 @@ current_entry(void)
 /* ---- scopes: threads sampled only while they serve something -------------------
  *
  * Strobe::Middleware profiles a request's own threads, not the server's
- * idle ones: it starts with threads: [] (nobody), and each request's thread
- * enters a scope (a request id) as the request begins and leaves it as it
- * ends. Between scopes an entry stays registered, its samples kept, but
- * paused: the timer neither signals it nor counts its ticks missed, and a
- * signal sent just before it paused takes no sample. A thread the scope's
- * code starts inherits the scope through Fiber storage (Ruby 3.2+: Thread.new
- * copies it), under Native::SCOPE_KEY, and pauses with it. */
+ * idle ones: it starts with threads: naming the first request's thread, and
+ * each request's thread enters a scope (a process-wide number) as the
+ * request begins and leaves it as it ends. Between scopes an entry stays
+ * registered, its samples kept, but paused: the timer neither signals it
+ * nor counts its ticks missed, and a signal sent just before it paused
+ * takes no sample. Scopes nest on a thread (a fiber server's requests, an
+ * application calling itself): it pauses when its last one ends. A thread
+ * the scope's code starts inherits the scope through Fiber storage (Ruby
+ * 3.2+: Thread.new copies it), under Native::SCOPE_KEY, and pauses with it. */
+
+/* GVL held (every scope call runs Ruby's side of a request): the last
+ * scope number given out, and the scopes open now. */
+#define STROBE_OPEN_SCOPES 4096
+static long scopes_made;
+static long open_scopes[STROBE_OPEN_SCOPES];
+static int open_scopes_len;
+
+static int
+scope_open(long id)
+{
+    for (int i = 0; i < open_scopes_len; i++)
+        if (open_scopes[i] == id) return 1;
+    return 0;
+}
+
+static void
+scope_close(long id)
+{
+    for (int i = 0; i < open_scopes_len; i++) {
+        if (open_scopes[i] != id) continue;
+        open_scopes[i] = open_scopes[--open_scopes_len];
+        return;
+    }
+}
 
 static int
 fiber_storage_available(void)
@@ -231,80 +258,98 @@ strobe_sampler_sampled(const strobe_thread_t *t)
     return !atomic_load_explicit(&t->paused, memory_order_relaxed);
 }
 
-/* Whether any thread is sampled for scope id now. */
-static int
-scope_open(long id)
-{
-    for (int i = 0, n = strobe_threads_len(); i < n; i++) {
-        strobe_thread_t *t = strobe_threads_at(i);
-        if (atomic_load(&t->state) == STROBE_THREAD_LIVE && atomic_load(&t->scope) == id && !atomic_load(&t->paused))
-            return 1;
-    }
-    return 0;
-}
-
 /* Under the registry lock (the timer's counts for t are its own during a
- * tick): t samples for id from now, its counts starting afresh so its time
- * paused is neither missed nor owed. */
+ * tick): t samples for scope id. Resuming, its counts start afresh so its
+ * time paused is neither missed nor owed, except the CPU it had used
+ * towards its next :cpu sample, kept as it paused (else every request's
+ * first interval would go unsampled); and the stack it had before is not
+ * repeated for it. */
 static void
 resume_locked(strobe_thread_t *t, long id)
 {
+    atomic_store(&t->scope, id);
+    if (!atomic_load(&t->paused)) return;
     t->sent = atomic_load(&t->handled);
     t->pending_ticks = 0;
     int64_t cpu = strobe_placement_cpu_ns(t, 100);
-    if (cpu >= 0) t->cpu_last_ns = cpu;
+    if (cpu >= 0) t->cpu_last_ns = cpu - t->cpu_carry_ns;
     atomic_store(&t->idle_cpu_ns, -1); /* read its stack afresh */
     atomic_store(&t->deferred, 0);
-    atomic_store(&t->scope, id);
+    strobe_profile_lock();
+    strobe_profile_forget_stack(t);
+    strobe_profile_unlock();
     atomic_store(&t->paused, 0);
 }
 
+/* Under the registry lock: t stops being sampled, keeping what CPU it used
+ * towards its next sample. */
+static void
+pause_locked(strobe_thread_t *t)
+{
+    if (S.mode == STROBE_MODE_CPU) {
+        int64_t cpu = strobe_placement_cpu_ns(t, 100);
+        int64_t carry = cpu >= 0 ? cpu - t->cpu_last_ns : 0;
+        int64_t interval_ns = (int64_t)S.interval * 1000;
+        t->cpu_carry_ns = carry < 0 ? 0 : carry >= interval_ns ? interval_ns - 1 : carry;
+    }
+    atomic_store(&t->paused, 1);
+    atomic_store(&t->scope, 0);
+    t->scope_depth = 0;
+}
+
 /* A thread starting (THREAD_BEGIN, its own thread): in the scope its
- * creator was in, if that scope is still open. */
+ * creator was in, if that scope is still open when it has registered. */
 static void
 inherit_scope(VALUE thread)
 {
     if (!fiber_storage_available()) return;
     VALUE id = rb_funcall(rb_path2class("Fiber"), rb_intern("[]"), 1, S.scope_key);
-    if (!FIXNUM_P(id) || FIX2LONG(id) <= 0) return;
-    strobe_threads_lock();
-    int open = scope_open(FIX2LONG(id));
-    strobe_threads_unlock();
-    if (!open) return;
+    if (!FIXNUM_P(id) || !scope_open(FIX2LONG(id))) return;
+    /* Registering can run other threads (threads.c asks Ruby whether an
+     * entry on this native thread is alive): the scope may close meanwhile. */
     strobe_thread_t *t = register_current(thread);
     if (!t) return;
     strobe_threads_lock();
-    resume_locked(t, FIX2LONG(id));
+    if (scope_open(FIX2LONG(id))) {
+        atomic_store(&t->paused, 1); /* a fresh entry: resumed with fresh counts */
+        resume_locked(t, FIX2LONG(id));
+    } else {
+        pause_locked(t);
+    }
     strobe_threads_unlock();
 }
 
-int
-strobe_sampler_scope_enter(long id)
+long
+strobe_sampler_scope_enter(void)
 {
     if (!atomic_load(&S.running)) return 0;
     S.scopes = 1;
     strobe_thread_t *t = strobe_threads_self();
     if (!t) t = register_current(rb_thread_current());
     if (!t) return 0;
+    long id = ++scopes_made;
+    if (open_scopes_len < STROBE_OPEN_SCOPES) open_scopes[open_scopes_len++] = id; /* else its threads' own are not */
     strobe_threads_lock();
+    if (t->scope_depth++ == 0) atomic_store(&t->paused, 1); /* (resumed with fresh counts) */
     resume_locked(t, id);
     strobe_threads_unlock();
-    return 1;
+    return id;
 }
 
 void
 strobe_sampler_scope_leave(long id)
 {
+    scope_close(id);
+    strobe_thread_t *self = strobe_threads_self();
     strobe_threads_lock();
     for (int i = 0, n = strobe_threads_len(); i < n; i++) {
         strobe_thread_t *t = strobe_threads_at(i);
-        if (atomic_load(&t->scope) != id) continue;
-        atomic_store(&t->paused, 1);
-        atomic_store(&t->scope, 0);
+        if (t != self && atomic_load(&t->scope) == id) pause_locked(t); /* threads the scope started */
     }
+    /* The calling thread pauses as the last scope open on it ends. */
+    if (self && self->scope_depth > 0 && --self->scope_depth == 0) pause_locked(self);
     strobe_threads_unlock();
 }
-
 /* A note (not a sample) of thread t's stack, for the timer to repeat while
  * t cannot be signalled: an M:N thread as it leaves the GVL (its own hook,
  * thread Qfalse, on its native thread with its frames current), or one
@@ -314,6 +359,7 @@ strobe_sampler_scope_leave(long id)
 static void
 note_stack(strobe_thread_t *t, VALUE thread)
 {
+    if (!strobe_sampler_sampled(t)) return; /* paused between scopes: nothing to repeat */
     if (!strobe_guard_take(t)) return;
     size_t gc_epoch = rb_gc_count();
     atomic_thread_fence(memory_order_acquire);
@@ -377,10 +423,13 @@ thread_hook(VALUE tpval, void *data)
     if (!atomic_load(&S.running)) return;
     rb_trace_arg_t *arg = rb_tracearg_from_tracepoint(tpval);
     if (rb_tracearg_event_flag(arg) == RUBY_EVENT_THREAD_BEGIN) {
-        if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) {
-            VALUE thread = rb_thread_current();
-            if (profiled(thread)) current_entry();
-            else if (S.scopes) inherit_scope(thread);
+        VALUE thread = rb_thread_current();
+        if (profiled(thread)) {
+            /* The time modes sample it from the start; the others as it
+             * samples (current_entry). */
+            if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) current_entry();
+        } else if (S.scopes) {
+            inherit_scope(thread);
         }
         return;
     }

@@ -299,17 +299,16 @@ native_exclude_current_thread(VALUE self)
     return Qnil;
 }
 
-/* Strobe::Native.scope_enter(id): the calling thread, and the threads it
- * starts meanwhile, are sampled for scope id (a positive Integer) until
- * Native.scope_leave(id); true when it is sampled. Native::SCOPE_KEY is
- * the Fiber storage key the caller sets to id for those threads to inherit
- * it (Ruby 3.2+). */
+/* Strobe::Native.scope_enter: the calling thread, and the threads it
+ * starts meanwhile, are sampled in a new scope until Native.scope_leave
+ * with its number; returns that number, or nil when it is not sampled.
+ * Native::SCOPE_KEY is the Fiber storage key the caller sets to the number
+ * for those threads to inherit the scope (Ruby 3.2+). */
 static VALUE
-native_scope_enter(VALUE self, VALUE id)
+native_scope_enter(VALUE self)
 {
-    long n = NUM2LONG(id);
-    if (n <= 0) rb_raise(rb_eArgError, "scope id must be positive, got %ld", n);
-    return strobe_sampler_scope_enter(n) ? Qtrue : Qfalse;
+    long id = strobe_sampler_scope_enter();
+    return id ? LONG2NUM(id) : Qnil;
 }
 
 static VALUE
@@ -374,7 +373,7 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
     rb_define_singleton_method(mNative, "snapshot", native_snapshot, 1);
     rb_define_singleton_method(mNative, "exclude_current_thread", native_exclude_current_thread, 0);
-    rb_define_singleton_method(mNative, "scope_enter", native_scope_enter, 1);
+    rb_define_singleton_method(mNative, "scope_enter", native_scope_enter, 0);
     rb_define_singleton_method(mNative, "scope_leave", native_scope_leave, 1);
     rb_define_const(mNative, "SCOPE_KEY", strobe_sampler_scope_key());
     rb_define_singleton_method(mNative, "close_in_children", native_close_in_children, 1);

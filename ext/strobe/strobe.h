@@ -159,6 +159,8 @@ typedef struct {
     atomic_int not_ruby;     /* its kernel thread runs no Ruby thread (ended, parked in Ruby's thread cache) */
     atomic_int paused;       /* not sampled now: a scope's thread between its scopes (sampler.c) */
     _Atomic long scope;      /* the scope it samples for (Native.scope_enter), 0 none */
+    int scope_depth;         /* scopes it entered itself and has not left (registry lock) */
+    int64_t cpu_carry_ns;    /* :cpu: CPU it had used towards its next sample as it paused */
     int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */
     _Atomic uint8_t gvl_state; /* STROBE_STATE_*, set by the GVL hook */
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
@@ -501,6 +503,9 @@ void strobe_profile_record_slot(const strobe_slot_t *slot);
 /* Under the profile lock: one more sample of t's latest recorded Ruby stack,
  * at time_us. Returns 0 (recording nothing) when t has none. */
 int strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us, int state);
+/* Under the profile lock: t's latest stack is not to be repeated (it
+ * resumes after a pause, its stack unknown). */
+void strobe_profile_forget_stack(strobe_thread_t *t);
 void strobe_profile_add_missed(uint64_t n);
 uint64_t strobe_profile_missed(void);
 void strobe_profile_mark(void);
@@ -538,13 +543,14 @@ int strobe_sampler_profiled(VALUE thread);
 /* The threads to profile: an Array of Threads, or nil for all (tracing;
  * sampling sets it as it starts). */
 void strobe_sampler_only(VALUE threads);
-/* GVL held: the calling thread is sampled for scope id (> 0) from now on,
+/* GVL held: the calling thread is sampled in a new scope from now on,
  * registered if it was not, and so is every thread it starts meanwhile
- * (Ruby 3.2+, by Fiber storage). Returns whether it is sampled (not with
+ * (Ruby 3.2+, by Fiber storage under the scope's number). Returns that
+ * number (> 0), or 0 when it is not sampled (not profiling, or
  * STROBE_MAX_THREADS running). */
-int strobe_sampler_scope_enter(long id);
-/* GVL held: the threads of scope id are no longer sampled (paused, their
- * samples kept) until they enter a scope again. */
+long strobe_sampler_scope_enter(void);
+/* GVL held: the threads scope id started are no longer sampled (paused,
+ * their samples kept), nor the calling thread once its last scope ends. */
 void strobe_sampler_scope_leave(long id);
 /* The Fiber storage key (a Symbol) a scope is inherited by. */
 VALUE strobe_sampler_scope_key(void);

@@ -109,7 +109,6 @@ module Strobe
       @active = 0     # requests in the shared profile now
       @since_save = 0 # enabled requests profiled since the last save
       @saved_at = now_s
-      @scopes = 0     # request scopes entered (their ids)
       @warned = {}
       return unless @enabled
 
@@ -124,8 +123,8 @@ module Strobe
       return @app.call(env) unless enabled?(env)
 
       started = begin_profiling
-      scope = enter_scope if started
       begin
+        scope = enter_scope if started
         @app.call(env)
       ensure
         leave_scope(scope) if scope
@@ -250,10 +249,9 @@ module Strobe
     def enter_scope
       return nil if @threads == :all
 
-      id = @lock.synchronize { @scopes += 1 }
+      id = Native.scope_enter or return nil
       previous = Fiber[Native::SCOPE_KEY] if FIBER_STORAGE
       Fiber[Native::SCOPE_KEY] = id if FIBER_STORAGE
-      Native.scope_enter(id)
       [id, previous]
     rescue StandardError => e
       warn_once "not profiling this request's threads: #{e.message}"
@@ -301,9 +299,9 @@ module Strobe
         return @app.call(env)
       end
       thread = Thread.current.native_thread_id
-      scope = enter_scope
       from = now_us
       begin
+        scope = enter_scope
         response = @app.call(env)
         to = now_us
         snapshot = Strobe.snapshot
