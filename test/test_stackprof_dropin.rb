@@ -14,7 +14,12 @@ class TestStackprofDropin < Minitest::Test
   PRELUDE = <<~RUBY
     require "strobe/stackprof"
     require "stringio"
-    def math = 250_000.times { 2**10 }
+    # At least 20 ms of CPU: 250,000 iterations alone took under one 1 ms
+    # interval under a JIT, and a :cpu profile of it came out empty.
+    def math
+      deadline = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) + 0.02
+      250_000.times { 2**10 } while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) < deadline
+    end
   RUBY
 
   # Runs code after PRELUDE in a child; returns its standard output lines.
