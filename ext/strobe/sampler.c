@@ -350,6 +350,7 @@ strobe_sampler_scope_leave(long id)
     if (self && self->scope_depth > 0 && --self->scope_depth == 0) pause_locked(self);
     strobe_threads_unlock();
 }
+
 /* A note (not a sample) of thread t's stack, for the timer to repeat while
  * t cannot be signalled: an M:N thread as it leaves the GVL (its own hook,
  * thread Qfalse, on its native thread with its frames current), or one
