@@ -121,7 +121,6 @@ static struct {
     rb_internal_thread_event_hook_t *gvl_hook;
 #endif
     int track_states;        /* this round records GVL states */
-    int scopes;              /* this round has entered a scope (strobe_sampler_scope_enter) */
     VALUE scope_key;         /* the Fiber storage key threads inherit a scope by (a static Symbol) */
     int native;              /* this round captures native frames in the handler */
 
@@ -323,7 +322,6 @@ long
 strobe_sampler_scope_enter(void)
 {
     if (!atomic_load(&S.running)) return 0;
-    S.scopes = 1;
     strobe_thread_t *t = strobe_threads_self();
     if (!t) t = register_current(rb_thread_current());
     if (!t) return 0;
@@ -429,7 +427,7 @@ thread_hook(VALUE tpval, void *data)
             /* The time modes sample it from the start; the others as it
              * samples (current_entry). */
             if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) current_entry();
-        } else if (S.scopes) {
+        } else if (open_scopes_len) { /* some scope is open: maybe its creator's */
             inherit_scope(thread);
         }
         return;
@@ -1227,7 +1225,6 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
     if (jit > strobe_profile.jit) strobe_profile.jit = jit; /* rounds: the JIT any of them ran with */
     S.interval = interval;
     S.only = only;
-    S.scopes = 0;
     atomic_store(&S.signals_sent, 0);
     strobe_threads_reset();
     if (NIL_P(S.thread_hook))
