@@ -62,7 +62,7 @@ class TestExports < Minitest::Test
   def pprof(result, **filters)
     io = StringIO.new
     Strobe::Report.new(result, **filters).print_pprof(io)
-    ProtobufReader.profile(Zlib.gunzip(io.string))
+    ProtobufReader.profile(gunzip(io.string))
   end
 
   def firefox(result, **filters)
@@ -524,7 +524,7 @@ class TestExports < Minitest::Test
         assert_equal path, Strobe.run(mode: :wall, out: path, format: format) { sleep 0.02 }
         bytes = File.binread(path)
         if format == :pprof
-          prof = ProtobufReader.profile(Zlib.gunzip(bytes))
+          prof = ProtobufReader.profile(gunzip(bytes))
           assert_operator prof[:samples].size, :>, 0
         else
           assert JSON.parse(bytes).is_a?(Hash)

@@ -86,7 +86,7 @@ class TestMiddleware < Minitest::Test
     assert_equal 1, files.size
     assert_match(/\.pb\.gz\z/, files.first)
     require "protobuf_reader"
-    prof = ProtobufReader.profile(Zlib.gunzip(File.binread(files.first)))
+    prof = ProtobufReader.profile(gunzip(File.binread(files.first)))
     names = prof[:functions].values.map { |f| f[:name] }
     assert_includes names, "TestMiddleware#work"
     assert_raises(ArgumentError) { app(format: :pprof, raw: false) }.then { |e| assert_match(/needs raw: true/, e.message) }

@@ -247,7 +247,7 @@ class TestNative < Minitest::Test
     assert(leaf_frames.all? { |i| frames["category"][i] == native_cat })
     refute funcs["isJS"][leaf_func]
 
-    pprof = ProtobufReader.profile(Zlib.gunzip(printed(result, :print_pprof)))
+    pprof = ProtobufReader.profile(gunzip(printed(result, :print_pprof)))
     function = pprof[:functions].values.find { |f| f[:name] == leaf }
     refute_nil function
     assert_equal File.join(EXT_DIR, EXT_NAME), function[:file]

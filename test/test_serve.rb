@@ -124,7 +124,7 @@ class TestServe < Minitest::Test
   end
 
   def profile_of(response)
-    body = response["content-encoding"] == "gzip" ? Zlib.gunzip(response.body) : response.body
+    body = response["content-encoding"] == "gzip" ? gunzip(response.body) : response.body
     JSON.parse(body)
   end
 

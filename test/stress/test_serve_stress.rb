@@ -69,7 +69,7 @@ class TestServeStress < Minitest::Test
           wait_for(120, -> { err }) { err.include?("its profile is still served") }
           last = get(uri)
           assert_equal "200", last.code
-          doc = JSON.parse(Zlib.gunzip(last.body))
+          doc = JSON.parse(gunzip(last.body))
           assert_firefox_invariants(doc)
           assert_includes doc["threads"].map { |t| t["name"] }, "worker"
 
@@ -118,7 +118,7 @@ class TestServeStress < Minitest::Test
   def check(response)
     return "status #{response.code}: #{response.body[0, 200]}" unless response.code == "200"
 
-    doc = JSON.parse(Zlib.gunzip(response.body))
+    doc = JSON.parse(gunzip(response.body))
     return "not a Firefox profile: #{doc.keys.inspect}" unless doc.dig("meta", "preprocessedProfileVersion")
     return "no thread in the profile" if doc["threads"].to_a.empty?
 
