@@ -75,11 +75,16 @@ class TestThreadStates < Minitest::Test
     end
     sleeper = thread_named(result, "sleeper")[:states]
     assert_operator sleeper[:blocked], :>, 0.95 * sleeper.values.sum, sleeper.inspect
+    # Two threads sharing one GVL: each waits for it part of the time. How
+    # the turns fall depends on 100 ms time slices against 0.3 s of work
+    # (one may wait a third of its life, the other half), and on the
+    # machine's load (the sanitizer build saw 28%), so the check is that
+    # each both ran and waited, not a share.
     %w[cpu1 cpu2].each do |name|
       states = thread_named(result, name)[:states]
-      share = states[:waiting].to_f / states.values.sum
-      # Two threads sharing one GVL: each waits for it about half the time.
-      assert_in_delta 0.5, share, 0.2, "#{name}: #{states.inspect}"
+      total = states.values.sum
+      assert_operator states[:running], :>, 0.1 * total, "#{name}: #{states.inspect}"
+      assert_operator states[:waiting], :>, 0.1 * total, "#{name}: #{states.inspect}"
     end
   end
 
