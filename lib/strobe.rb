@@ -111,6 +111,16 @@ module Strobe
     # Strobe.sample (defined in C) takes one sample of the current stack in
     # any mode; it returns false when not running.
 
+    # Marks the block's span of time on the calling thread's timeline: a
+    # marker named name, with data (Symbol keys; Strings, numbers, true,
+    # false or nil, others as their to_s), in result[:markers] and the
+    # Firefox Profiler's marker chart. Returns what the block returns.
+    # Without a block, marks an instant (and returns nil). Kept only while
+    # the thread is being sampled; otherwise the block just runs.
+    def mark(name, **data, &block)
+      Markers.mark(:user, name, data, &block)
+    end
+
     # Reads a profile written by Strobe (JSON, or gzipped JSON) back into the
     # result Hash. Raises Strobe::ProfileError for a file that is not one.
     def load(path, marshal: false)

@@ -60,6 +60,13 @@ module StrobeTestHelpers
     Zlib.gunzip(bytes.b)
   end
 
+  # Runs Ruby code for this long by the monotonic clock (what :wall mode
+  # samples; a test about CPU time defines its own).
+  def spin(seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+  end
+
   # For tests of sampling statistics (rates, shares between threads):
   # under `rake test:valgrind` the process runs some 50 times slower and
   # valgrind runs one thread at a time, so the statistics cannot hold; the

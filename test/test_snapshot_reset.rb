@@ -5,11 +5,6 @@ require "test_helper"
 # Strobe.snapshot(reset: true): the profile so far, and profiling goes on
 # afresh; every sample lands in one of the two results, none in both.
 class TestSnapshotReset < Minitest::Test
-  def spin(seconds)
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
-    nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
-  end
-
   def before_the_cut(seconds) = spin(seconds)
   def after_the_cut(seconds) = spin(seconds)
 

@@ -20,6 +20,9 @@
  * as samples of GC before, GC counted once per thread); a handler that
  * interrupts one of them during that GC counts its sample missed.
  *
+ * Each pause of a profiled thread (GC_ENTER to GC_EXIT) is also a marker on
+ * its timeline (markers.c): its phases and why it ran.
+ *
  * The hooks run inside GC, GVL held: they allocate no Ruby object. Each
  * phase's samples go in under the profile lock after the ring is drained,
  * so a thread's samples stay in time order. Nothing here runs in a signal
@@ -31,7 +34,7 @@
 #define FILL_BATCH 64
 
 static VALUE hook = Qnil;
-static VALUE sym_state, sym_sweeping;
+static VALUE sym_state, sym_sweeping, sym_gc_by, sym_major_by;
 
 static atomic_int under_way; /* a counted GC runs now */
 
@@ -45,6 +48,8 @@ static struct {
     int64_t at_ns;         /* its start: the mode's clock */
     int64_t at_us;         /* its start: CLOCK_MONOTONIC microseconds */
     int64_t entered_cpu_ns; /* :cpu: the thread's CPU time at GC_ENTER */
+    int64_t entered_us;    /* the pause's start: CLOCK_MONOTONIC microseconds */
+    int phases;            /* STROBE_GC_* the pause ran so far (its marker's) */
 } G;
 
 int
@@ -137,6 +142,8 @@ gc_hook(VALUE tpval, void *data)
         G.at_ns = clock_now_ns();
         G.at_us = strobe_now_us();
         if (G.mode == STROBE_MODE_CPU) G.entered_cpu_ns = G.at_ns;
+        G.entered_us = G.at_us;
+        G.phases = G.kind == STROBE_FRAME_SWEEPING ? STROBE_GC_SWEEPING : STROBE_GC_MARKING;
         atomic_store(&t->in_gc, 1);
         atomic_store(&under_way, 1);
         return;
@@ -144,6 +151,7 @@ gc_hook(VALUE tpval, void *data)
     if (!G.t) return; /* a GC of a thread not profiled */
     if (event == RUBY_INTERNAL_EVENT_GC_END_MARK) {
         end_phase(STROBE_FRAME_SWEEPING);
+        G.phases |= STROBE_GC_MARKING | STROBE_GC_SWEEPING; /* sweeping starts at once */
     } else if (event == RUBY_INTERNAL_EVENT_GC_END_SWEEP) {
         end_phase(STROBE_FRAME_GC);
     } else if (event == RUBY_INTERNAL_EVENT_GC_EXIT) {
@@ -152,6 +160,12 @@ gc_hook(VALUE tpval, void *data)
         G.t = NULL;
         /* :cpu: what GC used is counted here, not owed by the timer. */
         if (G.mode == STROBE_MODE_CPU) t->cpu_last_ns += G.at_ns - G.entered_cpu_ns;
+        /* The pause as a marker; why it ran, as Ruby tells it (Symbols, nil). */
+        strobe_marker_t m = {
+            .start_us = G.entered_us, .end_us = G.at_us, .kind = STROBE_MARKER_GC, .gc_phases = (uint8_t)G.phases,
+            .type = rb_gc_latest_gc_info(sym_gc_by), .name = rb_gc_latest_gc_info(sym_major_by), .data = Qnil,
+        };
+        strobe_profile_add_marker(t, &m);
         atomic_store(&under_way, 0);
         atomic_store(&t->in_gc, 0);
     }
@@ -163,6 +177,8 @@ strobe_gcspan_start(strobe_mode_t mode, long interval_us)
     if (NIL_P(hook)) {
         sym_state = ID2SYM(rb_intern("state"));
         sym_sweeping = ID2SYM(rb_intern("sweeping"));
+        sym_gc_by = ID2SYM(rb_intern("gc_by"));
+        sym_major_by = ID2SYM(rb_intern("major_by"));
         hook = rb_tracepoint_new(Qnil,
                                  RUBY_INTERNAL_EVENT_GC_ENTER | RUBY_INTERNAL_EVENT_GC_EXIT |
                                      RUBY_INTERNAL_EVENT_GC_END_MARK | RUBY_INTERNAL_EVENT_GC_END_SWEEP,

@@ -127,6 +127,7 @@ strobe_profile_clear(void)
     p->first_chunk = p->last_chunk = NULL;
     p->threads_len = 0;
     p->prev_depth = 0;
+    strobe_markers_free(&p->markers);
     p->active = 0;
     atomic_store(&missed_samples, 0);
 }
@@ -147,6 +148,7 @@ strobe_profile_cut(int64_t now_us)
         p->threads[i].samples = 0;
         memset(p->threads[i].states, 0, sizeof(p->threads[i].states));
     }
+    strobe_markers_free(&p->markers); /* the copy just taken has them */
     p->start_us = now_us;
     p->started_at_us = strobe_clock_ns(CLOCK_REALTIME) / 1000;
     p->cut = 1;
@@ -182,6 +184,35 @@ profile_thread(strobe_profile_t *p, strobe_thread_t *t)
         if (atomic_load_explicit(&t->mobile, memory_order_relaxed)) p->threads[t->profile_index].mn = 1;
     }
     return t->profile_index;
+}
+
+struct add_marker {
+    strobe_thread_t *t;
+    strobe_marker_t *m;
+    int kept;
+};
+
+/* Under the profile lock. */
+static void
+add_marker(void *arg)
+{
+    struct add_marker *a = arg;
+    strobe_profile_t *p = &strobe_profile;
+    if (!p->active) return;
+    a->m->thread = a->t ? profile_thread(p, a->t) : -1;
+    a->kept = strobe_markers_add(&p->markers, a->m);
+}
+
+int
+strobe_profile_add_marker(strobe_thread_t *t, strobe_marker_t *m)
+{
+    struct add_marker a = { t, m, 0 };
+    if (strobe_profile_locked(add_marker, &a) < 0) {
+        strobe_profile_lock();
+        strobe_profile.markers.dropped++;
+        strobe_profile_unlock();
+    }
+    return a.kept;
 }
 
 void
@@ -421,6 +452,7 @@ strobe_profile_mark(void)
         rb_gc_mark(p->threads[i].thread);
         rb_gc_mark(p->threads[i].name);
     }
+    strobe_markers_mark(&p->markers);
 }
 
 size_t
@@ -434,5 +466,6 @@ strobe_profile_memsize(void)
     size += p->node_self_capa * sizeof(uint64_t);
     size += (size_t)p->threads_capa * sizeof(strobe_profile_thread_t);
     for (const strobe_chunk_t *c = p->first_chunk; c; c = c->next) size += sizeof(*c);
+    size += strobe_markers_memsize(&p->markers);
     return size;
 }

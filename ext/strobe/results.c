@@ -382,12 +382,22 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
      * of the profile ran on (Ruby 3.1's thread cache). */
     VALUE threads = rb_hash_new(), thread_ids = rb_ary_new_capa(p->threads_len);
     VALUE sym_name = strobe_sym("name"), sym_samples = strobe_sym("samples");
+    /* After a cut, threads with markers in this period are listed too. */
+    /* (A String's buffer: freed by GC however the building ends; held on
+     * the stack below, so pinned.) */
+    VALUE marked = p->cut ? rb_str_new(NULL, (long)p->threads_len + 1) : Qnil;
+    uint8_t *has_markers = NIL_P(marked) ? NULL : (uint8_t *)RSTRING_PTR(marked);
+    if (has_markers) memset(has_markers, 0, (size_t)p->threads_len + 1);
+    for (size_t m = 0; has_markers && m < p->markers.len; m++) {
+        int i = p->markers.items[m].thread;
+        if (i >= 0 && i < p->threads_len) has_markers[i] = 1;
+    }
     for (int i = 0; i < p->threads_len; i++) {
         int mn = p->threads[i].mn;
         VALUE id = INT2NUM(p->threads[i].tid);
         if (mn || rb_hash_lookup2(threads, id, Qundef) != Qundef) id = INT2NUM(STROBE_SHARED_THREAD_ID_BASE + i);
         rb_ary_push(thread_ids, id);
-        if (p->cut && p->threads[i].samples == 0) continue; /* only in earlier periods */
+        if (p->cut && p->threads[i].samples == 0 && !has_markers[i]) continue; /* only in earlier periods */
         VALUE info = rb_hash_lookup2(threads, id, Qundef);
         if (info == Qundef) {
             info = rb_hash_new();
@@ -405,6 +415,7 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
                 for (int s = 1; s < STROBE_STATES; s++) hash_add(states, strobe_state_sym(s), p->threads[i].states[s]);
         }
     }
+    RB_GC_GUARD(marked);
     rb_hash_aset(result, strobe_sym("threads"), threads);
     if (p->mode == STROBE_MODE_WALL || p->mode == STROBE_MODE_CPU) {
         rb_hash_aset(result, strobe_sym("timer"),
@@ -422,6 +433,8 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     uint64_t unsampled = c->unsampled;
     if (unsampled) rb_hash_aset(result, strobe_sym("unsampled_threads"), ULL2NUM(unsampled));
 
+    if (p->markers.len) rb_hash_aset(result, strobe_sym("markers"), strobe_markers_results(&p->markers, thread_ids));
+    if (p->markers.dropped) rb_hash_aset(result, strobe_sym("dropped_markers"), ULL2NUM(p->markers.dropped));
     if (p->raw && log->count)
         strobe_results_raw(result, st->nodes, (uint32_t)log->count, log->nodes, log->times, thread_ids, log->threads,
                            p->track_states ? log->states : NULL, p->start_us, frame_ids);
@@ -456,6 +469,7 @@ snapshot_mark(void *ptr)
         rb_gc_mark(s->copy.threads[i].thread);
         rb_gc_mark(s->copy.threads[i].name);
     }
+    strobe_markers_mark(&s->copy.markers);
 }
 
 static const rb_data_type_t snapshot_type = {
@@ -498,6 +512,7 @@ snapshot_copy(void *arg)
     if (!c->table.nodes) c->table.nodes_len = 0;
     c->threads = copy_of(p->threads, (size_t)p->threads_len, sizeof(strobe_profile_thread_t), &s->failed);
     if (c->threads) c->threads_len = p->threads_len;
+    if (strobe_markers_copy(&c->markers, &p->markers) < 0) s->failed = 1;
     if (!s->failed && p->raw && log_flatten(p, &s->log) < 0) s->failed = 1;
     s->counters.missed = strobe_profile_missed();
     s->counters.unsampled = strobe_sampler_unsampled_threads();
@@ -513,6 +528,7 @@ snapshot_free(VALUE holder)
     free(s->copy.table.nodes);
     free(s->copy.node_self);
     free(s->copy.threads);
+    strobe_markers_free(&s->copy.markers);
     log_free(&s->log);
     free(s);
     return Qnil;

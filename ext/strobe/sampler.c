@@ -199,6 +199,15 @@ current_entry(void)
     return profiled(thread) ? register_current(thread) : NULL;
 }
 
+int
+strobe_sampler_add_marker(strobe_marker_t *m)
+{
+    if (!atomic_load(&S.running)) return 0;
+    strobe_thread_t *t = current_entry();
+    if (!t || !strobe_sampler_sampled(t)) return 0; /* a thread that is not profiled, or not now */
+    return strobe_profile_add_marker(t, m);
+}
+
 /* ---- scopes: threads sampled only while they serve something -------------------
  *
  * Strobe::Middleware profiles a request's own threads, not the server's
@@ -785,14 +794,14 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         /* Sent for a Ruby thread that has left this native thread since,
          * or stopped running on it (M:N). The tick is missed for it, unless
          * the timer repeats its stack at the next (see timer_main). */
-        if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&target->handled, 1, memory_order_release);
+        atomic_fetch_add_explicit(&target->handled, 1, memory_order_release);
         strobe_profile_add_missed(1);
         goto out;
     }
     if (!t) goto out; /* not a thread we sample */
     if (!strobe_sampler_sampled(t)) {
         /* Sent just before it paused between scopes: no sample, none missed. */
-        if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
         goto out;
     }
     int taken = strobe_guard_take_in_handler(t, &saved_errno);
@@ -801,10 +810,14 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
          * blocked, see sigstack.c): that one takes one more sample as it
          * ends, as the kernel would have delivered this signal then. */
         atomic_store(&t->nested_tick, 1);
-        if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
         goto out;
     }
-    if (!taken) { strobe_profile_add_missed(1); goto out; }
+    if (!taken) {
+        strobe_profile_add_missed(1);
+        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        goto out;
+    }
     strobe_sigstack_leave_if_asked();
 
     if (S.defer_running && may_run_jit_code(t)) {
@@ -824,7 +837,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         if (S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed) && !atomic_load(&t->mobile))
             trigger_sample_job();
     }
-    if (S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+    atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
     if (S.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
     strobe_guard_release(t);
 out:
@@ -910,7 +923,7 @@ ask_for_sample(strobe_thread_t *t)
         return 0;
     }
     /* Counted before it goes out: the handler may count it handled at once. */
-    if (S.mode == STROBE_MODE_WALL) {
+    if (S.mode == STROBE_MODE_WALL || !S.safepoint_timer) {
         t->sent = atomic_load_explicit(&t->handled, memory_order_acquire) + 1;
         t->pending_ticks = 0;
     }
@@ -929,6 +942,19 @@ static int
 parked(const strobe_thread_t *t)
 {
     return strobe_placement_tid(t, 100) == 0;
+}
+
+/* Timer thread: whether t's last signal (or, without signals in :wall mode,
+ * its last owed sample) is still to be handled, for fewer than
+ * STROBE_PENDING_TICKS ticks so far (then it is taken as lost). An M:N
+ * thread that left the GVL since is not waited for: its stack is noted
+ * (as parked). */
+static int
+pending(strobe_thread_t *t)
+{
+    uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
+    if ((int32_t)(t->sent - handled) > 0 && atomic_load(&t->mobile) && parked(t)) t->sent = handled;
+    return (int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS;
 }
 
 static void *
@@ -997,12 +1023,19 @@ timer_main(void *arg)
                     idle_threads[idle_len++] = t;
                     continue;
                 }
+                /* Its last signal is not handled yet: its handler may be
+                 * running, and with the signal not blocked there (see
+                 * sigstack.c) another would nest in it. Delivering and
+                 * handling a signal costs the thread CPU time too: at a
+                 * short interval on a slow machine (sanitizers) each
+                 * handler used an interval, and handlers nested until
+                 * they overflowed the alternate stack. This one is missed. */
+                if (!S.safepoint_timer && pending(t)) {
+                    strobe_profile_add_missed(1);
+                    continue;
+                }
             } else {
-                uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
-                /* An M:N thread that left the GVL since is not waited for:
-                 * its stack is noted (below, as parked). */
-                if ((int32_t)(t->sent - handled) > 0 && atomic_load(&t->mobile) && parked(t)) t->sent = handled;
-                if ((int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS) {
+                if (pending(t)) {
                     strobe_profile_add_missed(1); /* its last signal is not handled yet */
                     /* Without signals, the job may have run on another
                      * thread: ask for it again (harmless if pending). */

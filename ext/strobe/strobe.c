@@ -396,5 +396,6 @@ Init_strobe(void)
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
     strobe_trace_define(mNative);
+    strobe_markers_define(mNative);
     strobe_sigstack_define(mNative);
 }

@@ -24,6 +24,8 @@
 #include <time.h>
 #include <signal.h>
 
+#include "markers.h"
+
 /* A build that proves the old postponed-job API is not used (extconf.rb,
  * STROBE_MODERN_API_ONLY): Ruby 4.1 removes it. */
 #ifdef STROBE_POISON_LEGACY_POSTPONED_JOB
@@ -472,6 +474,7 @@ typedef struct {
     uint64_t native_incomplete; /* native stacks that did not reach the interpreter */
     int cut;                 /* emptied while running (strobe_profile_cut): the stack
                               * table holds frames of earlier periods too */
+    strobe_markers_t markers; /* the marker timeline (markers.c) */
 } strobe_profile_t;
 
 extern strobe_profile_t strobe_profile;
@@ -506,6 +509,9 @@ int strobe_profile_record_repeat(strobe_thread_t *t, int64_t time_us, int state)
 /* Under the profile lock: t's latest stack is not to be repeated (it
  * resumes after a pause, its stack unknown). */
 void strobe_profile_forget_stack(strobe_thread_t *t);
+/* Adds marker m (markers.c) on thread t (NULL: on no thread), taking the
+ * profile lock; no Ruby call (safe in GC hooks). Returns 0 if dropped. */
+int strobe_profile_add_marker(strobe_thread_t *t, strobe_marker_t *m);
 void strobe_profile_add_missed(uint64_t n);
 uint64_t strobe_profile_missed(void);
 void strobe_profile_mark(void);
@@ -554,6 +560,9 @@ long strobe_sampler_scope_enter(void);
 void strobe_sampler_scope_leave(long id);
 /* The Fiber storage key (a Symbol) a scope is inherited by. */
 VALUE strobe_sampler_scope_key(void);
+/* GVL held: marker m on the calling thread if it is sampled now (see
+ * strobe_profile_add_marker); 0 when it is not kept. */
+int strobe_sampler_add_marker(strobe_marker_t *m);
 /* Whether thread t is sampled now (not paused between scopes). Async-signal-safe. */
 int strobe_sampler_sampled(const strobe_thread_t *t);
 /* A forked child puts /dev/null in place of descriptor fd (strobe serve's

@@ -34,6 +34,7 @@ module Strobe
       merged[:threads] = merge_threads(list, maps)
       merge_span(list, merged)
       merge_raw(list, maps, merged) if list.all? { |r| r[:raw].is_a?(Array) }
+      merge_markers(list, merged)
       merged
     end
 
@@ -166,6 +167,17 @@ module Strobe
 
       merged[:started_at] = spans.map(&:first).min
       merged[:duration] = spans.map(&:sum).max - merged[:started_at]
+    end
+
+    # Markers of every result, in the order given (as raw samples are);
+    # dropped ones counted.
+    def merge_markers(list, merged)
+      merged.delete(:markers)
+      merged.delete(:dropped_markers)
+      markers = list.flat_map { |r| r[:markers].is_a?(Array) ? r[:markers] : [] }
+      merged[:markers] = markers unless markers.empty?
+      dropped = list.sum { |r| ProfileFile.count(r[:dropped_markers], "dropped_markers") }
+      merged[:dropped_markers] = dropped if dropped.positive?
     end
 
     def merge_raw(list, maps, merged)

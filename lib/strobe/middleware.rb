@@ -125,11 +125,29 @@ module Strobe
       started = begin_profiling
       begin
         scope = enter_scope if started
-        @app.call(env)
+        since = Native.now_us if started
+        response = @app.call(env)
       ensure
+        mark_request(env, since, response) if since
         leave_scope(scope) if scope
         end_profiling(counted: true) if started
       end
+    end
+
+    # What a request is in reports: Rails' Controller#action where Rails
+    # served it, else its method and path.
+    def self.endpoint(env)
+      controller = env["action_controller.instance"]
+      if controller.respond_to?(:action_name) && controller.class.name
+        "#{controller.class.name}##{controller.action_name}"
+      else
+        "#{env['REQUEST_METHOD']} #{request_path(env)}"
+      end
+    end
+
+    def self.request_path(env)
+      path = env["PATH_INFO"].to_s
+      path.empty? ? "/" : path
     end
 
     # Writes the profile collected so far (or hands it to on_result); while
@@ -256,6 +274,19 @@ module Strobe
     rescue StandardError => e
       warn_once "not profiling this request's threads: #{e.message}"
       nil
+    end
+
+    # The request on its thread's timeline (result[:markers]), from the
+    # application's call to its return: method, path, status (nil when the
+    # application raised) and endpoint.
+    def mark_request(env, since, response)
+      method = env["REQUEST_METHOD"].to_s
+      path = Middleware.request_path(env)
+      status = response.is_a?(Array) ? response[0].to_i : nil
+      data = { method: method, path: path, status: status, endpoint: Middleware.endpoint(env) }
+      Native.marker_add(:request, "#{method} #{path}", since, Native.now_us, data)
+    rescue StandardError => e
+      warn_once "could not mark the request: #{e.message}"
     end
 
     def leave_scope((id, previous))

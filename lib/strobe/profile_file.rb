@@ -4,6 +4,7 @@ require "json"
 require "zlib"
 require "stringio"
 require_relative "atomic_file"
+require_relative "markers"
 
 module Strobe
   # Reads and writes profile files: JSON, gzipped when the path ends in .gz.
@@ -219,6 +220,7 @@ module Strobe
         threads: threads.map { |id, info| encode_thread(id, info) },
       }
       doc[:stacks] = encode_stacks(result, frame_pos, threads) if result[:raw]
+      doc[:markers] = Markers.encode(result[:markers]) if result[:markers]
       result.each { |key, value| doc[key] = value unless doc.key?(key) || RAW_KEYS.include?(key) || key == :stacks }
       doc
     end
@@ -286,6 +288,7 @@ module Strobe
       result = header(doc, name)
       result[:frames] = frames_list.to_h { |frame| decode_frame(frame, name) }
       result[:threads] = threads_list.to_h { |t| decode_thread(t, name) }
+      result[:markers] = Markers.decode(doc[:markers], name) if doc.key?(:markers)
       extras = doc.keys - %i[strobe_file frames threads stacks] - result.keys
       extras.each { |key| result[key] = doc[key] }
       if doc[:stacks]
@@ -310,7 +313,7 @@ module Strobe
         metadata: doc[:metadata].is_a?(Hash) ? doc[:metadata] : {},
       }
       header[:truncated_samples] = count(doc[:truncated_samples], "#{name}: truncated_samples") if doc.key?(:truncated_samples)
-      %i[started_at duration pid calls native_incomplete_samples].each do |key|
+      %i[started_at duration pid calls native_incomplete_samples dropped_markers].each do |key|
         header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key)
       end
       header[:native] = true if doc[:native] == true

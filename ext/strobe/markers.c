@@ -1,0 +1,179 @@
+/*
+ * markers.c - the marker timeline: a growable array of markers kept in the
+ * profile (strobe_profile.markers, under the profile lock), turned into the
+ * result's :markers Array; Native.marker_add, by which Ruby code (the
+ * middleware's requests, Strobe.mark) adds its own.
+ *
+ * strobe_markers_add allocates no Ruby object and calls no Ruby method: the
+ * GC hooks use it from inside GC. Nothing here runs in a signal handler.
+ */
+#include "markers.h"
+#include "strobe.h"
+#include <stdlib.h>
+#include <string.h>
+
+int
+strobe_markers_add(strobe_markers_t *markers, const strobe_marker_t *m)
+{
+    if (markers->len == markers->capa) {
+        size_t capa = markers->capa ? markers->capa * 2 : 256;
+        if (capa > STROBE_MAX_MARKERS) capa = STROBE_MAX_MARKERS;
+        strobe_marker_t *items = markers->len < capa ? realloc(markers->items, capa * sizeof(*items)) : NULL;
+        if (!items) {
+            markers->dropped++;
+            return 0;
+        }
+        markers->items = items;
+        markers->capa = capa;
+    }
+    markers->items[markers->len++] = *m;
+    return 1;
+}
+
+void
+strobe_markers_free(strobe_markers_t *markers)
+{
+    free(markers->items);
+    memset(markers, 0, sizeof(*markers));
+}
+
+int
+strobe_markers_copy(strobe_markers_t *dst, const strobe_markers_t *src)
+{
+    *dst = *src;
+    dst->items = NULL;
+    dst->capa = dst->len;
+    if (!src->len) return 0;
+    dst->items = malloc(src->len * sizeof(*dst->items));
+    if (!dst->items) {
+        dst->len = dst->capa = 0;
+        return -1;
+    }
+    memcpy(dst->items, src->items, src->len * sizeof(*dst->items));
+    return 0;
+}
+
+void
+strobe_markers_mark(const strobe_markers_t *markers)
+{
+    for (size_t i = 0; i < markers->len; i++) {
+        const strobe_marker_t *m = &markers->items[i];
+        rb_gc_mark(m->type);
+        rb_gc_mark(m->name);
+        rb_gc_mark(m->data);
+    }
+}
+
+size_t
+strobe_markers_memsize(const strobe_markers_t *markers)
+{
+    return markers->capa * sizeof(strobe_marker_t);
+}
+
+static const char *
+gc_phase_name(int bit)
+{
+    return bit == STROBE_GC_MARKING ? "marking" : "sweeping";
+}
+
+static VALUE
+name_of(VALUE sym)
+{
+    return SYMBOL_P(sym) ? rb_sym2str(sym) : Qnil;
+}
+
+/* The data of a GC pause: its phases, and why the GC ran (GC.latest_gc_info's
+ * gc_by and major_by), as Strings, as a profile file gives them back. */
+static VALUE
+gc_data(const strobe_marker_t *m)
+{
+    VALUE data = rb_hash_new(), phases = rb_ary_new();
+    for (int bit = STROBE_GC_MARKING; bit <= STROBE_GC_SWEEPING; bit <<= 1)
+        if (m->gc_phases & bit) rb_ary_push(phases, rb_str_new_cstr(gc_phase_name(bit)));
+    rb_hash_aset(data, strobe_sym("phases"), phases);
+    rb_hash_aset(data, strobe_sym("gc_by"), name_of(m->type));
+    rb_hash_aset(data, strobe_sym("major_by"), name_of(m->name));
+    return data;
+}
+
+static int
+by_start(const void *a, const void *b)
+{
+    const strobe_marker_t *x = *(const strobe_marker_t *const *)a, *y = *(const strobe_marker_t *const *)b;
+    if (x->start_us != y->start_us) return x->start_us < y->start_us ? -1 : 1;
+    return x < y ? -1 : x > y; /* stable: in the order they were added */
+}
+
+VALUE
+strobe_markers_results(const strobe_markers_t *markers, VALUE thread_ids)
+{
+    /* Markers go in as they end: a request that enclosed a GC comes after it. */
+    const strobe_marker_t **order = malloc((markers->len ? markers->len : 1) * sizeof(*order));
+    if (!order) rb_memerror();
+    for (size_t i = 0; i < markers->len; i++) order[i] = &markers->items[i];
+    qsort(order, markers->len, sizeof(*order), by_start);
+    VALUE list = rb_ary_new_capa((long)markers->len);
+    VALUE sym_type = strobe_sym("type"), sym_name = strobe_sym("name"), sym_thread = strobe_sym("thread"),
+          sym_start = strobe_sym("start"), sym_end = strobe_sym("end"), sym_data = strobe_sym("data");
+    for (size_t i = 0; i < markers->len; i++) {
+        const strobe_marker_t *m = order[i];
+        VALUE h = rb_hash_new();
+        int gc = m->kind == STROBE_MARKER_GC;
+        rb_hash_aset(h, sym_type, gc ? strobe_sym("gc") : m->type);
+        rb_hash_aset(h, sym_name, gc ? rb_str_new_cstr("GC") : m->name);
+        VALUE thread = Qnil;
+        if (m->thread >= 0 && m->thread < RARRAY_LEN(thread_ids)) thread = RARRAY_AREF(thread_ids, m->thread);
+        rb_hash_aset(h, sym_thread, thread);
+        rb_hash_aset(h, sym_start, LL2NUM(m->start_us));
+        rb_hash_aset(h, sym_end, m->end_us < 0 ? Qnil : LL2NUM(m->end_us));
+        rb_hash_aset(h, sym_data, gc ? gc_data(m) : m->data);
+        rb_ary_push(list, h);
+    }
+    free(order);
+    return list;
+}
+
+/* ---- Ruby ---------------------------------------------------------------- */
+
+/* Strobe::Native.now_us: the clock of sample and marker times
+ * (CLOCK_MONOTONIC microseconds). */
+static VALUE
+native_now_us(VALUE self)
+{
+    (void)self;
+    return LL2NUM(strobe_now_us());
+}
+
+/* Strobe::Native.marker_add(type, name, start_us, end_us, data): a marker
+ * on the calling thread, if it is being sampled now; end_us nil for an
+ * instant. type a Symbol, name a String, data a Hash or nil. Returns
+ * whether it was kept. */
+static VALUE
+native_marker_add(VALUE self, VALUE type, VALUE name, VALUE start_us, VALUE end_us, VALUE data)
+{
+    (void)self;
+    Check_Type(type, T_SYMBOL);
+    StringValue(name);
+    if (!NIL_P(data)) Check_Type(data, T_HASH);
+    strobe_marker_t m = {
+        .start_us = NUM2LL(start_us),
+        .end_us = NIL_P(end_us) ? -1 : NUM2LL(end_us),
+        .kind = STROBE_MARKER_RUBY,
+        .type = type,
+        .name = rb_str_new_frozen(name),
+        .data = NIL_P(data) ? Qnil : rb_obj_freeze(rb_hash_dup(data)),
+    };
+    if (m.start_us < 0) rb_raise(rb_eArgError, "a marker's start is a time from Strobe::Native.now_us");
+    if (m.end_us >= 0 && m.end_us < m.start_us) rb_raise(rb_eArgError, "a marker cannot end before it starts");
+    int kept = strobe_sampler_add_marker(&m);
+    RB_GC_GUARD(m.name);
+    RB_GC_GUARD(m.data);
+    return kept ? Qtrue : Qfalse;
+}
+
+void
+strobe_markers_define(VALUE mNative)
+{
+    rb_define_singleton_method(mNative, "now_us", native_now_us, 0);
+    rb_define_singleton_method(mNative, "marker_add", native_marker_add, 5);
+}

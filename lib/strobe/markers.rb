@@ -1,0 +1,83 @@
+# frozen_string_literal: true
+
+module Strobe
+  # The marker timeline beside the samples (result[:markers]): an Array of
+  # Hashes in order of start,
+  #
+  #   { type: :gc, name: "GC", thread: 4242, start: 1200, end: 1450, data: {...} }
+  #
+  # type a Symbol (:gc, :request, :user, ...), name a String, thread the id
+  # of a thread in result[:threads] (nil: none), start and end times on the
+  # clock of raw_sample_timestamps (CLOCK_MONOTONIC microseconds; end nil for
+  # an instant), data a Hash of Symbol keys to Strings, numbers, true, false
+  # or nil (or nil). Markers are kept for threads while they are sampled.
+  module Markers
+    TYPE = /\A[a-z_][a-z0-9_.]{0,63}\z/
+
+    module_function
+
+    # Strobe.mark: see there.
+    def mark(type, name, data)
+      name = name.to_s
+      data = plain_data(data)
+      unless block_given?
+        Native.marker_add(type, name, Native.now_us, nil, data)
+        return nil
+      end
+
+      start = Native.now_us
+      begin
+        yield
+      ensure
+        Native.marker_add(type, name, start, Native.now_us, data)
+      end
+    end
+
+    # data with Symbol keys and values that survive a profile file as they
+    # are: Strings, finite numbers, true, false, nil; others as their to_s.
+    # nil for an empty Hash.
+    def plain_data(data)
+      return nil if data.nil? || data.empty?
+
+      data.to_h do |key, value|
+        value = case value
+                when String, Integer, true, false, nil then value
+                when Float then value.finite? ? value : value.to_s
+                else value.to_s
+                end
+        [key.to_sym, value]
+      end
+    end
+
+    # The file form: a row per marker, [type, name, thread, start, end, data].
+    def encode(markers)
+      markers.map { |m| [m[:type].to_s, m[:name], m[:thread], m[:start], m[:end], m[:data]] }
+    end
+
+    # Back from the file form; ProfileError (naming what, in name) for
+    # anything else.
+    def decode(rows, name)
+      raise ProfileError, "#{name}: markers is not an array" unless rows.is_a?(Array)
+
+      rows.each_with_index.map do |row, i|
+        type, label, thread, start, finish, data = row if row.is_a?(Array) && row.size == 6
+        unless type.is_a?(String) && type.match?(TYPE) && label.is_a?(String) && (thread.nil? || thread.is_a?(Integer)) &&
+               start.is_a?(Integer) && !start.negative? && (finish.nil? || (finish.is_a?(Integer) && finish >= start)) &&
+               (data.nil? || (data.is_a?(Hash) && data.each_value.all? { |v| plain?(v) }))
+          raise ProfileError, "#{name}: marker #{i} is malformed"
+        end
+
+        { type: type.to_sym, name: label, thread: thread, start: start, end: finish, data: data }
+      end
+    end
+
+    def plain?(value)
+      case value
+      when String, Integer, true, false, nil then true
+      when Float then value.finite?
+      when Array then value.all? { |v| v.is_a?(String) }
+      else false
+      end
+    end
+  end
+end

@@ -1,0 +1,140 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "tmpdir"
+require "json"
+require "rack"
+require "rack/mock"
+require "strobe/middleware"
+
+# The marker timeline beside the samples (issue 19): GC pauses, the Rack
+# request, Strobe.mark; kept in result[:markers], in profile files and
+# merges.
+class TestMarkers < Minitest::Test
+  def main_id(result)
+    result[:threads].find { |_, t| t[:main] }&.first
+  end
+
+  def test_strobe_mark_records_the_block_on_its_thread
+    value = nil
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      spin(0.005)
+      value = Strobe.mark("load", rows: 3, table: :posts, klass: Object, ratio: 0.5) { spin(0.02); :loaded }
+      Strobe.mark(:tick)
+    end
+    assert_equal :loaded, value, "mark returns what its block returns"
+    load, tick = result[:markers].select { |m| m[:type] == :user }
+    assert_equal ["load", "tick"], [load[:name], tick[:name]]
+    assert_equal main_id(result), load[:thread]
+    assert_equal({ rows: 3, table: "posts", klass: "Object", ratio: 0.5 }, load[:data])
+    assert_operator load[:end] - load[:start], :>=, 20_000, "the block's span, in microseconds"
+    assert_nil tick[:end], "a mark without a block is an instant"
+    assert_nil tick[:data]
+    assert_operator tick[:start], :>=, load[:end]
+    # The clock of sample times.
+    stamps = result[:raw_sample_timestamps]
+    assert_operator load[:start], :>, stamps.first - 20_000
+    assert_operator load[:end], :<, stamps.last + 20_000
+    assert_equal result[:markers].sort_by { |m| m[:start] }, result[:markers], "in order of start"
+  end
+
+  def test_marks_where_nothing_is_sampled_only_run_the_block
+    assert_equal 7, Strobe.mark("idle") { 7 }
+    assert_nil Strobe.mark("idle")
+    other = Thread.new { sleep 0.2 }
+    result = Strobe.run(mode: :wall, interval: 1000, threads: [other]) { Strobe.mark("main, not profiled") { spin(0.01) } }
+    other.join
+    assert_nil result[:markers], "no marker for a thread that is not profiled"
+  end
+
+  def test_gc_pauses_are_markers_with_phases_and_reason
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      spin(0.002)
+      GC.start
+      spin(0.002)
+    end
+    forced = result[:markers].select { |m| m[:type] == :gc && m[:data][:major_by] == "force" }
+    refute_empty forced, result[:markers].inspect
+    gc = forced.first
+    assert_equal "GC", gc[:name]
+    assert_equal main_id(result), gc[:thread]
+    assert_equal "method", gc[:data][:gc_by]
+    assert_includes gc[:data][:phases], "marking"
+    assert_operator gc[:end], :>=, gc[:start]
+  end
+
+  def test_markers_survive_a_profile_file_and_a_merge
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      Strobe.mark("a", n: 1, ok: true, none: nil) { spin(0.003) }
+      GC.start
+    end
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "p.json.gz")
+      Strobe.save(result, path)
+      loaded = Strobe.load(path)
+      assert_equal result[:markers], loaded[:markers]
+      merged = Strobe::Merge.results([loaded, loaded])
+      assert_equal loaded[:markers] * 2, merged[:markers]
+    end
+  end
+
+  def test_malformed_markers_are_profile_errors
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) { Strobe.mark("a") { spin(0.002) } }
+    doc = JSON.parse(JSON.generate(Strobe::ProfileFile.encode(result)), symbolize_names: true)
+    [
+      "not rows", [["user", "a", 1, 10]], [["User!", "a", 1, 10, nil, nil]], [["user", 5, 1, 10, nil, nil]],
+      [["user", "a", "t", 10, nil, nil]], [["user", "a", 1, -1, nil, nil]], [["user", "a", 1, 10, 9, nil]],
+      [["user", "a", 1, 10, nil, [1]]], [["user", "a", 1, 10, nil, { k: { deep: 1 } }]]
+    ].each do |bad|
+      error = assert_raises(Strobe::ProfileError, bad.inspect) { Strobe::ProfileFile.decode(doc.merge(markers: bad), "p.json") }
+      assert_match(/\Ap\.json: marker/, error.message)
+    end
+  end
+
+  def test_marker_add_checks_its_arguments
+    assert_raises(TypeError) { Strobe::Native.marker_add("user", "a", 1, nil, nil) }
+    assert_raises(TypeError) { Strobe::Native.marker_add(:user, "a", 1, nil, [1]) }
+    Strobe.run(mode: :wall, interval: 1000) do
+      now = Strobe::Native.now_us
+      assert_raises(ArgumentError) { Strobe::Native.marker_add(:user, "a", now, now - 1, nil) }
+      assert_raises(ArgumentError) { Strobe::Native.marker_add(:user, "a", -5, nil, nil) }
+    end
+  end
+
+  # Each profiled request is a marker on its thread: method, path, status
+  # (nil when the application raised) and endpoint.
+  def test_requests_are_markers
+    results = Queue.new
+    app = lambda do |env|
+      raise "boom" if env["PATH_INFO"] == "/fail"
+
+      spin(0.005)
+      [201, {}, ["ok"]]
+    end
+    mw = Strobe::Middleware.new(app, enabled: true, raw: true, save_every: 3, save_at_exit: false,
+                                     on_result: ->(r) { results << r })
+    [["/posts/1", "GET"], ["/posts", "POST"]].each do |path, method|
+      Thread.new { mw.call(Rack::MockRequest.env_for(path, method: method)) }.join
+    end
+    assert_raises(RuntimeError) { mw.call(Rack::MockRequest.env_for("/fail")) }
+    result = Timeout.timeout(10) { results.pop }
+    requests = result[:markers].select { |m| m[:type] == :request }
+    assert_equal ["GET /posts/1", "POST /posts", "GET /fail"], requests.map { |m| m[:name] }
+    assert_equal({ method: "GET", path: "/posts/1", status: 201, endpoint: "GET /posts/1" }, requests[0][:data])
+    assert_nil requests[2][:data][:status], "the application raised"
+    requests.each { |m| assert_includes result[:threads].keys, m[:thread] }
+    assert_operator requests[0][:end] - requests[0][:start], :>=, 5000
+  end
+
+  def test_a_rails_controller_names_the_endpoint
+    controller = Class.new do
+      def self.name = "PostsController"
+      def action_name = "index"
+    end
+    env = Rack::MockRequest.env_for("/posts")
+    env["action_controller.instance"] = controller.new
+    assert_equal "PostsController#index", Strobe::Middleware.endpoint(env)
+    assert_equal "GET /posts", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/posts?page=2"))
+    assert_equal "GET /", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("").merge("PATH_INFO" => ""))
+  end
+end
