@@ -113,8 +113,8 @@ module Strobe
 
     # Marks the block's span of time on the calling thread's timeline: a
     # marker named name, with data (Symbol keys; Strings, numbers, true,
-    # false or nil, others as their to_s), in result[:markers] and the
-    # Firefox Profiler's marker chart. Returns what the block returns.
+    # false or nil, others as their to_s), in result[:markers]. Returns what
+    # the block returns.
     # Without a block, marks an instant (and returns nil). Kept only while
     # the thread is being sampled; otherwise the block just runs.
     def mark(name, **data, &block)

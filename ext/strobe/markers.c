@@ -15,6 +15,11 @@
 int
 strobe_markers_add(strobe_markers_t *markers, const strobe_marker_t *m)
 {
+    int gc = m->kind == STROBE_MARKER_GC;
+    if (gc && markers->gc_len >= STROBE_MAX_GC_MARKERS) {
+        markers->dropped++;
+        return 0;
+    }
     if (markers->len == markers->capa) {
         size_t capa = markers->capa ? markers->capa * 2 : 256;
         if (capa > STROBE_MAX_MARKERS) capa = STROBE_MAX_MARKERS;
@@ -27,6 +32,7 @@ strobe_markers_add(strobe_markers_t *markers, const strobe_marker_t *m)
         markers->capa = capa;
     }
     markers->items[markers->len++] = *m;
+    markers->gc_len += gc;
     return 1;
 }
 

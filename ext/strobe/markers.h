@@ -10,8 +10,11 @@
 #include <stdint.h>
 #include <stddef.h>
 
-/* Markers one profile keeps; later ones are counted dropped. */
+/* Markers one profile keeps; later ones are counted dropped. GC pauses
+ * (a lazy sweep is many: thousands a second in an allocating program) get
+ * at most half, so they never crowd out requests and Strobe.mark. */
 #define STROBE_MAX_MARKERS 200000
+#define STROBE_MAX_GC_MARKERS (STROBE_MAX_MARKERS / 2)
 
 typedef enum {
     STROBE_MARKER_GC = 1,    /* a GC pause (gcspan.c) */
@@ -35,6 +38,7 @@ typedef struct {
 typedef struct {
     strobe_marker_t *items;
     size_t len, capa;
+    size_t gc_len;           /* of which GC pauses */
     uint64_t dropped;        /* not kept: STROBE_MAX_MARKERS reached, or no memory */
 } strobe_markers_t;
 

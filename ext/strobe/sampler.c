@@ -846,7 +846,7 @@ out:
 
 /* ---- timer thread ------------------------------------------------------------ */
 
-/* Ticks a wall-mode signal may wait to be handled before it is taken as
+/* Ticks a signal (or a :wall sample owed at a safe point) may wait to be handled before it is taken as
  * lost and sent again (the ticks meanwhile count as missed). */
 #define STROBE_PENDING_TICKS 100
 
@@ -911,9 +911,9 @@ signalled_this_tick(pid_t tid)
  * for the postponed job the tick triggers. Returns whether a job is
  * needed. A sample still owed from the tick before is lost (missed), and
  * so is one for a thread attached to no native thread (M:N, parked with
- * nothing to repeat yet): no signal goes out for it. In :wall mode a
- * request that went out is counted sent, so the next tick can tell it is
- * still pending. */
+ * nothing to repeat yet): no signal goes out for it. A signal that went
+ * out (or in :wall mode an owed sample) is counted sent, so the next tick
+ * can tell it is still pending. */
 static int
 ask_for_sample(strobe_thread_t *t)
 {

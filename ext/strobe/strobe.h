@@ -168,7 +168,8 @@ typedef struct {
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
     int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */
     _Atomic int64_t cpu_last_ns; /* CPU mode (timer thread; the GVL hook reads it): CPU time at the last signal */
-    /* :wall mode, signalling only threads whose stack can have changed */
+    /* Signals (:wall, :cpu) and :wall's owed samples in flight; :wall
+     * signals only threads whose stack can have changed. */
     uint32_t sent;           /* timer: signals sent */
     uint32_t pending_ticks;  /* timer: ticks the newest signal has waited */
     atomic_uint handled;     /* handler: signals handled */

@@ -84,6 +84,29 @@ keep(subset_t *s, uint32_t node, int64_t time, uint8_t state)
     s->self[node]++;
 }
 
+/* The markers of result on s's thread (overlapping the window, when one is
+ * given) into out; other threads' are left out, as their samples are. */
+static void
+subset_markers(const subset_t *s, VALUE result, VALUE out)
+{
+    VALUE markers = key(result, "markers");
+    rb_hash_delete(out, strobe_sym("markers"));
+    if (!RB_TYPE_P(markers, T_ARRAY)) return;
+    VALUE kept = rb_ary_new();
+    for (long i = 0; i < RARRAY_LEN(markers); i++) {
+        VALUE m = RARRAY_AREF(markers, i);
+        if (!RB_TYPE_P(m, T_HASH) || !rb_eql(key(m, "thread"), s->tid)) continue;
+        if (s->window) {
+            VALUE b = key(m, "start"), e = key(m, "end");
+            if (!FIXNUM_P(b)) continue;
+            long start = FIX2LONG(b), end = FIXNUM_P(e) ? FIX2LONG(e) : start;
+            if (end < s->from || start > s->to) continue;
+        }
+        rb_ary_push(kept, m);
+    }
+    if (RARRAY_LEN(kept)) rb_hash_aset(out, strobe_sym("markers"), kept);
+}
+
 static VALUE
 subset_body(VALUE arg)
 {
@@ -187,6 +210,7 @@ subset_body(VALUE arg)
     VALUE out_threads = rb_hash_new();
     rb_hash_aset(out_threads, s->tid, NIL_P(info) ? rb_hash_new() : info);
     rb_hash_aset(out, strobe_sym("threads"), out_threads);
+    subset_markers(s, result, out);
 
     int64_t start = 0;
     VALUE deltas = key(result, "raw_timestamp_deltas");

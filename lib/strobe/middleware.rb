@@ -128,9 +128,7 @@ module Strobe
         since = Native.now_us if started
         response = @app.call(env)
       ensure
-        mark_request(env, since, response) if since
-        leave_scope(scope) if scope
-        end_profiling(counted: true) if started
+        finish_request(env, since, response, scope, started)
       end
     end
 
@@ -276,6 +274,19 @@ module Strobe
       nil
     end
 
+    # Each step runs even when the one before is cut short (an exception
+    # raised into the thread: a request timeout), so the profile always
+    # ends as it began.
+    def finish_request(env, since, response, scope, started)
+      mark_request(env, since, response) if since
+    ensure
+      begin
+        leave_scope(scope) if scope
+      ensure
+        end_profiling(counted: true) if started
+      end
+    end
+
     # The request on its thread's timeline (result[:markers]), from the
     # application's call to its return: method, path, status (nil when the
     # application raised) and endpoint.
@@ -284,7 +295,7 @@ module Strobe
       path = Middleware.request_path(env)
       status = response.is_a?(Array) ? response[0].to_i : nil
       data = { method: method, path: path, status: status, endpoint: Middleware.endpoint(env) }
-      Native.marker_add(:request, "#{method} #{path}", since, Native.now_us, data)
+      Markers.add(:request, "#{method} #{path}", since, Native.now_us, data)
     rescue StandardError => e
       warn_once "could not mark the request: #{e.message}"
     end

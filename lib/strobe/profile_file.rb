@@ -221,7 +221,7 @@ module Strobe
       }
       doc[:stacks] = encode_stacks(result, frame_pos, threads) if result[:raw]
       doc[:markers] = Markers.encode(result[:markers]) if result[:markers]
-      result.each { |key, value| doc[key] = value unless doc.key?(key) || RAW_KEYS.include?(key) || key == :stacks }
+      result.each { |key, value| doc[key] = value unless doc.key?(key) || RAW_KEYS.include?(key) || %i[stacks markers].include?(key) }
       doc
     end
 
@@ -413,7 +413,8 @@ module Strobe
         lines = frame[:lines]&.map { |line, pair| [integer_key(line), *(pair.is_a?(Array) ? pair.first(2) : [pair, pair])] }
         decode_frame(frame.merge(id: id.to_s.to_i, edges: edges, lines: lines).compact, name)
       end
-      (doc.keys - result.keys).each { |key| result[key] = doc[key] }
+      # Markers are Strobe's own file form (decode); stackprof has none.
+      (doc.keys - result.keys - %i[markers dropped_markers]).each { |key| result[key] = doc[key] }
       check_raw_counts(result, name, stored)
     end
 
