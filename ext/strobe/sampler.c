@@ -676,6 +676,14 @@ may_run_jit_code(const strobe_thread_t *t)
     return strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID) - t->handler_cpu_ns > STROBE_IDLE_CPU_NS;
 }
 
+/* The signal (or owed sample) the timer counted sent to t is dealt with:
+ * its next tick may ask again (see pending). Async-signal-safe. */
+static inline void
+count_handled(strobe_thread_t *t)
+{
+    atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+}
+
 /* Takes the sample thread t is owed, if it is owed one (sample_job). */
 static void
 serve_owed(strobe_thread_t *t, VALUE thread)
@@ -684,7 +692,7 @@ serve_owed(strobe_thread_t *t, VALUE thread)
     if (!strobe_sampler_sampled(t)) return; /* it paused since */
     if (!strobe_guard_take(t)) { strobe_profile_add_missed(1); return; }
     take_sample(t, thread, NULL);
-    if (S.safepoint_timer && S.mode == STROBE_MODE_WALL) atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+    if (S.safepoint_timer && S.mode == STROBE_MODE_WALL) count_handled(t);
     strobe_guard_release(t);
 }
 
@@ -786,7 +794,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     strobe_thread_t *idle = target ? target : strobe_threads_find(me);
     if (idle && !atomic_load(&idle->mobile) && strobe_placement_tid(idle, 4) == me && !ruby_native_thread_p()) {
         atomic_store(&idle->not_ruby, 1);
-        atomic_fetch_add_explicit(&idle->handled, 1, memory_order_release);
+        count_handled(idle);
         goto out;
     }
     strobe_thread_t *t = handler_entry(target);
@@ -794,14 +802,14 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         /* Sent for a Ruby thread that has left this native thread since,
          * or stopped running on it (M:N). The tick is missed for it, unless
          * the timer repeats its stack at the next (see timer_main). */
-        atomic_fetch_add_explicit(&target->handled, 1, memory_order_release);
+        count_handled(target);
         strobe_profile_add_missed(1);
         goto out;
     }
     if (!t) goto out; /* not a thread we sample */
     if (!strobe_sampler_sampled(t)) {
         /* Sent just before it paused between scopes: no sample, none missed. */
-        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        count_handled(t);
         goto out;
     }
     int taken = strobe_guard_take_in_handler(t, &saved_errno);
@@ -810,12 +818,12 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
          * blocked, see sigstack.c): that one takes one more sample as it
          * ends, as the kernel would have delivered this signal then. */
         atomic_store(&t->nested_tick, 1);
-        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        count_handled(t);
         goto out;
     }
     if (!taken) {
         strobe_profile_add_missed(1);
-        atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+        count_handled(t);
         goto out;
     }
     strobe_sigstack_leave_if_asked();
@@ -837,7 +845,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         if (S.native && !atomic_load_explicit(&t->native_warm, memory_order_relaxed) && !atomic_load(&t->mobile))
             trigger_sample_job();
     }
-    atomic_fetch_add_explicit(&t->handled, 1, memory_order_release);
+    count_handled(t);
     if (S.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
     strobe_guard_release(t);
 out:

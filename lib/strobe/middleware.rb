@@ -341,11 +341,11 @@ module Strobe
         return @app.call(env)
       end
       thread = Thread.current.native_thread_id
-      from = now_us
+      from = Native.now_us
       begin
         scope = enter_scope
         response = @app.call(env)
-        to = now_us
+        to = Native.now_us
         snapshot = Strobe.snapshot
       ensure
         leave_scope(scope) if scope
@@ -365,9 +365,6 @@ module Strobe
       (@save_every && @since_save >= @save_every) || (@save_interval && now_s - @saved_at >= @save_interval)
     end
 
-    def now_us
-      Process.clock_gettime(Process::CLOCK_MONOTONIC, :microsecond)
-    end
 
     def now_s
       Process.clock_gettime(Process::CLOCK_MONOTONIC)
