@@ -394,13 +394,20 @@ class TestMiddleware < Minitest::Test
                                        save_interval: false, save_at_exit: false, on_result: ->(r) { results << r })
     holder = Thread.new { mw.call({ "hold" => gate }) }
     Timeout.timeout(10) { sleep 0.01 until Strobe.running? }
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    used = -Process.clock_gettime(clock)
     40.times { mw.call({}) } # 120 ms of CPU in 3 ms requests, sampled every 10 ms
+    used += Process.clock_gettime(clock)
     gate << :go
     holder.join
     mw.save
     result = Timeout.timeout(10) { results.pop }
     page = result[:frames].values.find { |f| f[:name] == "TestMiddleware#page_work" }
     assert_operator page&.fetch(:total_samples).to_i, :>=, 6, "about 12 expected"
+    # Every interval used is a sample or counted missed, but for fewer than
+    # three owed at the end: the CPU owed as a request ends is kept whole.
+    assert_operator result[:samples] + result[:missed_samples], :>=, (used / 0.01).floor - 2,
+                    "#{result[:samples]} samples, #{result[:missed_samples]} missed, #{(used * 1000).round} ms used"
   end
 
   def child_work(seconds) = burn_cpu(seconds)

@@ -274,6 +274,25 @@ class TestStrobe < Minitest::Test
     assert_operator sleep_samples, :<, result[:samples] / 4, "sleep uses no CPU"
   end
 
+  # :cpu: every interval of CPU the thread used is a sample or is counted
+  # missed, but for fewer than three it still owed when profiling stopped
+  # (the timer sees a threshold crossed at its next tick, about an interval
+  # late, and a late tick finds one more used). Keeping a debt of only one
+  # interval lost a timer wake-up's lateness at every tick, silently.
+  def test_cpu_mode_accounts_for_every_interval_used
+    skip_statistics_under_valgrind
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    used = nil
+    result = Strobe.run(mode: :cpu, interval: 5000) do
+      start = Process.clock_gettime(clock)
+      nil while Process.clock_gettime(clock) < start + 0.6
+      used = Process.clock_gettime(clock) - start
+    end
+    due = (used / 0.005).floor
+    assert_operator result[:samples] + result[:missed_samples], :>=, due - 2,
+                    "#{result[:samples]} samples, #{result[:missed_samples]} missed"
+  end
+
   def test_gc_samples_become_gc_frames
     result = Strobe.run(mode: :wall, interval: 200) { 300.times { GC.start } }
     assert_operator result[:gc_samples], :>, 0

@@ -266,6 +266,26 @@ strobe_sampler_sampled(const strobe_thread_t *t)
     return !atomic_load_explicit(&t->paused, memory_order_relaxed);
 }
 
+/* :cpu, under the registry lock: thread t, at CPU time cpu, keeps owing
+ * what it used towards its next samples, up to `most` intervals; whole
+ * intervals beyond are counted missed: CPU the timer was too late for (a
+ * loaded machine), not signalled in a burst. After a tick's sample that is
+ * two, not one: the timer sees a threshold crossed only at its next tick,
+ * so a thread running flat out is seen about an interval late, and a tick
+ * that wakes late finds the next interval used too. Cutting the debt to
+ * one interval there lost the excess silently, tick after tick (4% of the
+ * samples at 10 ms) and at every pause between requests (a quarter of a
+ * short-request app's). As a thread pauses it is three: its next tick
+ * takes one first. */
+static void
+cpu_owed_at_most(strobe_thread_t *t, int64_t cpu, int64_t interval_ns, int64_t most)
+{
+    int64_t over = (cpu - t->cpu_last_ns) / interval_ns - (most - 1);
+    if (over <= 0) return;
+    strobe_profile_add_missed((uint64_t)over);
+    t->cpu_last_ns += over * interval_ns;
+}
+
 /* Under the registry lock (the timer's counts for t are its own during a
  * tick): t samples for scope id. Resuming, its counts start afresh so its
  * time paused is neither missed nor owed, except the CPU it had used
@@ -296,9 +316,9 @@ pause_locked(strobe_thread_t *t)
 {
     if (S.mode == STROBE_MODE_CPU) {
         int64_t cpu = strobe_placement_cpu_ns(t, 100);
+        if (cpu >= 0) cpu_owed_at_most(t, cpu, (int64_t)S.interval * 1000, 3);
         int64_t carry = cpu >= 0 ? cpu - t->cpu_last_ns : 0;
-        int64_t interval_ns = (int64_t)S.interval * 1000;
-        t->cpu_carry_ns = carry < 0 ? 0 : carry >= interval_ns ? interval_ns - 1 : carry;
+        t->cpu_carry_ns = carry < 0 ? 0 : carry;
     }
     atomic_store(&t->paused, 1);
     atomic_store(&t->scope, 0);
@@ -1018,15 +1038,10 @@ timer_main(void *arg)
                  * since (it is parked now, no signal can read it): its
                  * latest stack is recorded again, as for idle threads. */
                 int repeat = parked(t) && strobe_capture_drained(t->last_seq);
-                /* Carry the remainder so the rate matches the interval, but
-                 * never owe more than one more sample: CPU intervals the
-                 * timer was too late for (a loaded machine) are counted
-                 * missed, not signalled in a burst. */
+                /* Carry the remainder so the rate matches the interval (see
+                 * cpu_owed_at_most). */
                 t->cpu_last_ns += interval_ns;
-                if (cpu - t->cpu_last_ns > interval_ns) {
-                    strobe_profile_add_missed((uint64_t)((cpu - interval_ns - t->cpu_last_ns) / interval_ns));
-                    t->cpu_last_ns = cpu - interval_ns;
-                }
+                cpu_owed_at_most(t, cpu, interval_ns, 2);
                 if (repeat) {
                     idle_threads[idle_len++] = t;
                     continue;
