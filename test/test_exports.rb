@@ -218,6 +218,71 @@ class TestExports < Minitest::Test
     assert_equal ["Idle", "C function", "C function", "Idle"], worker_leaf
   end
 
+  # The marker timeline as each thread's markers table: times on the
+  # samples' base, instants and intervals, GC pauses named for the
+  # profiler's GC colours, a schema per type whose fields follow the values.
+  def test_firefox_markers_on_their_threads_tracks
+    result = fixture
+    result[:markers] = [
+      { type: :user, name: "load", thread: 7, start: 2500, end: nil,
+        data: { rows: 3, ratio: 0.5, type: "x", ok: true, tags: %w[a b], none: nil } },
+      { type: :request, name: "GET /items", thread: 8, start: 1500, end: 4500,
+        data: { method: "GET", path: "/items", status: 200, endpoint: "ItemsController#index" } },
+      { type: :gc, name: "GC", thread: 7, start: 3900, end: 4200,
+        data: { phases: %w[marking sweeping], gc_by: "newobj", major_by: nil } },
+      { type: :gc, name: "GC", thread: 7, start: 4300, end: 4350, data: { phases: %w[sweeping], gc_by: "newobj", major_by: nil } },
+      { type: :gc, name: "GC", thread: 8, start: 1000, end: 1200, data: { phases: %w[marking], gc_by: "method", major_by: "force" } },
+      { type: :user, name: "elsewhere", thread: 99, start: 6000, end: 7000, data: { rows: 1.5 } },
+    ]
+    doc = firefox(result)
+    assert_firefox_invariants(doc)
+    main, worker = doc["threads"]
+    rows = lambda do |thread|
+      m = thread["markers"]
+      m["length"].times.map do |i|
+        [thread["stringArray"][m["name"][i]], m["startTime"][i], m["endTime"][i], m["phase"][i],
+         doc["meta"]["categories"][m["category"][i]]["name"]]
+      end
+    end
+    # times in ms from the samples' start (500 us)
+    assert_equal [["load", 2.0, nil, 0, "Other"], ["GCMinor", 3.4, 3.7, 1, "GC"], ["GCSlice", 3.8, 3.85, 1, "GC"],
+                  ["elsewhere", 5.5, 6.5, 1, "Other"]], rows.call(main)
+    assert_equal [["GCMajor", 0.5, 0.7, 1, "GC"], ["GET /items", 1.0, 4.0, 1, "Other"]], rows.call(worker)
+    assert_in_delta 6.5, doc["meta"]["profilingEndTime"], 1e-9, "the timeline reaches the last marker"
+    assert_equal({ "type" => "strobe:user", "rows" => 3, "ratio" => 0.5, "type_" => "x", "ok" => "true", "tags" => "a, b" },
+                 main["markers"]["data"][0])
+    assert_equal({ "type" => "strobe:request", "method" => "GET", "path" => "/items", "status" => 200,
+                   "endpoint" => "ItemsController#index" }, worker["markers"]["data"][1])
+    schemas = doc["meta"]["markerSchema"].to_h { |s| [s["name"], s["data"].to_h { |f| [f["key"] || f["label"], f["format"]] }] }
+    assert_equal({ "rows" => "decimal", "ratio" => "decimal", "type_" => "string", "ok" => "string", "tags" => "string",
+                   "none" => "string", "Description" => nil }, schemas["strobe:user"])
+    assert_equal "integer", schemas["strobe:request"]["status"]
+    assert_equal %w[strobe:user strobe:request strobe:gc].sort, schemas.keys.sort
+  end
+
+  def test_firefox_markers_without_samples_start_at_the_first_marker
+    result = fixture.merge(raw: [], raw_lines: [], raw_sample_threads: [], raw_sample_timestamps: [], raw_timestamp_deltas: [],
+                           raw_sample_states: [], samples: 0)
+    result[:markers] = [{ type: :user, name: "late", thread: 7, start: 90_000, end: 92_000, data: nil }]
+    doc = firefox(result)
+    assert_firefox_invariants(doc)
+    markers = doc["threads"][0]["markers"]
+    assert_equal [[0.0], [2.0], [{ "type" => "strobe:user" }]], markers.values_at("startTime", "endTime", "data")
+  end
+
+  def test_firefox_rejects_malformed_markers
+    [{ type: "user", name: "x", thread: 7, start: 1, end: nil, data: nil },
+     { type: :user, name: "x", thread: 7, start: 5, end: 4, data: nil },
+     { type: :user, name: "x", thread: 7, start: -1, end: nil, data: nil },
+     { type: :user, name: "x", thread: 7, start: 1, end: nil, data: { obj: Object.new } },
+     { type: :user, name: "x", thread: 7, start: 1, end: nil, data: { "k" => 1 } },
+     "not a marker"].each do |marker|
+      error = assert_raises(Strobe::ProfileError) { firefox(fixture.merge(markers: [marker])) }
+      assert_match(/marker 0 is (malformed|not a Hash)/, error.message)
+    end
+    assert_raises(Strobe::ProfileError) { firefox(fixture.merge(markers: {})) }
+  end
+
   def test_firefox_without_states_or_timestamps
     result = fixture(states: false)
     result.delete(:raw_sample_timestamps)

@@ -6,11 +6,14 @@ require "json"
 require "rack"
 require "rack/mock"
 require "strobe/middleware"
+require_relative "firefox_checks"
 
 # The marker timeline beside the samples (issue 19): GC pauses, the Rack
 # request, Strobe.mark; kept in result[:markers], in profile files and
 # merges.
 class TestMarkers < Minitest::Test
+  include FirefoxChecks
+
   def main_id(result)
     result[:threads].find { |_, t| t[:main] }&.first
   end
@@ -63,6 +66,36 @@ class TestMarkers < Minitest::Test
     assert_kind_of String, gc[:data][:major_by]
     assert_equal %w[marking sweeping], gc[:data][:phases], "GC.start marks and sweeps at once"
     assert_operator gc[:end], :>=, gc[:start]
+  end
+
+  # In the Firefox Profiler export, each thread's own markers are on its
+  # track, at the times of its samples.
+  def test_markers_in_the_firefox_export
+    worker = nil
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      Strobe.mark("outer", step: 1) { spin(0.01) }
+      Thread.new do
+        worker = Thread.current.native_thread_id
+        Strobe.mark("inner") { spin(0.01) }
+      end.join
+      GC.start
+    end
+    io = StringIO.new
+    Strobe::Report.new(result).print_firefox(io)
+    doc = JSON.parse(io.string)
+    assert_firefox_invariants(doc)
+    names = doc["threads"].to_h do |t|
+      [t["tid"], t["markers"]["name"].map { |i| t["stringArray"][i] }]
+    end
+    assert_equal ["outer"], names.fetch(main_id(result)) & %w[outer inner]
+    assert_equal ["inner"], names.fetch(worker) & %w[outer inner]
+    assert_includes names.fetch(main_id(result)), "GCMajor", "GC.start's pause"
+    main = doc["threads"].find { |t| t["tid"] == main_id(result) }
+    outer = main["markers"]["name"].index { |i| main["stringArray"][i] == "outer" }
+    times = main["samples"]["time"]
+    start, finish = main["markers"]["startTime"][outer], main["markers"]["endTime"][outer]
+    assert_operator finish - start, :>=, 10.0
+    assert_operator times.count { |t| t.between?(start, finish) }, :>=, 3, "its samples fall in its span"
   end
 
   def test_markers_survive_a_profile_file_and_a_merge
@@ -148,11 +181,13 @@ class TestMarkers < Minitest::Test
     end
     main = main_id(result)
     worker = result[:markers].find { |m| m[:name] == "worker" }
-    assert_equal ["main", "main again"], Strobe::Native.thread_subset(result, main)[:markers].map { |m| m[:name] }
-    assert_equal ["worker"], Strobe::Native.thread_subset(result, worker[:thread])[:markers].map { |m| m[:name] }
+    # (GC pauses may be marked too: only the marks are compared.)
+    marks = ->(subset) { subset[:markers].select { |m| m[:type] == :user }.map { |m| m[:name] } }
+    assert_equal ["main", "main again"], marks.call(Strobe::Native.thread_subset(result, main))
+    assert_equal ["worker"], marks.call(Strobe::Native.thread_subset(result, worker[:thread]))
     first = result[:markers].find { |m| m[:name] == "main" }
     window = Strobe::Native.thread_subset(result, main, first[:start], first[:end])
-    assert_equal ["main"], window[:markers].map { |m| m[:name] }, "only those overlapping the window"
+    assert_equal ["main"], marks.call(window), "only those overlapping the window"
   end
 
   # A JSON file holds UTF-8 only: a request path of other bytes (servers

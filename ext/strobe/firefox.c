@@ -17,15 +17,15 @@
  * object they are in), and, where samples carry GVL states, "Idle" for a blocked
  * thread and "GVL wait" for one waiting for the GVL (its leaf frame copied
  * with that category, as the profiler colours a sample by its leaf).
- * The profile info panel shows the mode, interval, counts and metadata.
+ * The profile info panel shows the mode, interval, counts and metadata;
+ * each track, its thread's markers (firefox_markers.c).
  *
  * Written as JSON into report.h's out_t (streamed to a sink in chunks).
  * GVL held; not signal-safe.
  */
-#include "report.h"
+#include "firefox_markers.h"
 #include <stdlib.h>
 
-enum { CAT_OTHER, CAT_RUBY, CAT_CFUNC, CAT_GC, CAT_IDLE, CAT_GVL_WAIT, CAT_NATIVE, CATEGORIES };
 enum { GC_SUB_OTHER, GC_SUB_MARKING, GC_SUB_SWEEPING };
 
 static const char categories_json[] =
@@ -78,6 +78,7 @@ typedef struct {
     VALUE string_list;
     size_t *order;           /* sample indexes grouped by thread */
     size_t *thread_start;    /* per thread: its first entry in order (threads + 1) */
+    strobe_ff_markers_t *markers;
 } ff_t;
 
 static int32_t
@@ -92,6 +93,13 @@ intern(ff_t *f, VALUE str)
     return (int32_t)n;
 }
 
+/* intern for the marker tables (firefox_markers.c). */
+static int32_t
+intern_marker_name(void *f, VALUE str)
+{
+    return intern(f, str);
+}
+
 static void
 classify_frames(ff_t *f)
 {
@@ -100,16 +108,16 @@ classify_frames(ff_t *f)
         const rframe_t *fr = &f->r->frames[s->frame_pos[t]];
         const char *name = RSTRING_PTR(fr->name), *file = RSTRING_PTR(fr->file);
         long name_len = RSTRING_LEN(fr->name), file_len = RSTRING_LEN(fr->file);
-        uint8_t cat = CAT_RUBY, sub = 0;
+        uint8_t cat = STROBE_FF_CAT_RUBY, sub = 0;
         if (file_len == 0 && name_len > 2 && name[0] == '(') {
-            if (!strcmp(name, "(garbage collection)")) cat = CAT_GC;
-            else if (!strcmp(name, "(marking)")) { cat = CAT_GC; sub = GC_SUB_MARKING; }
-            else if (!strcmp(name, "(sweeping)")) { cat = CAT_GC; sub = GC_SUB_SWEEPING; }
-            else cat = CAT_OTHER;
+            if (!strcmp(name, "(garbage collection)")) cat = STROBE_FF_CAT_GC;
+            else if (!strcmp(name, "(marking)")) { cat = STROBE_FF_CAT_GC; sub = GC_SUB_MARKING; }
+            else if (!strcmp(name, "(sweeping)")) { cat = STROBE_FF_CAT_GC; sub = GC_SUB_SWEEPING; }
+            else cat = STROBE_FF_CAT_OTHER;
         } else if (file_len == 7 && !memcmp(file, "<cfunc>", 7)) {
-            cat = CAT_CFUNC;
+            cat = STROBE_FF_CAT_CFUNC;
         } else if (fr->native) {
-            cat = CAT_NATIVE;
+            cat = STROBE_FF_CAT_NATIVE;
         }
         f->frame_cat[t] = cat;
         f->frame_sub[t] = sub;
@@ -124,9 +132,9 @@ local_func(ff_t *f, uint32_t stamp, uint32_t frame)
     int32_t idx = (int32_t)f->col[FUNC_NAME].len;
     col_push(&f->col[FUNC_NAME], intern(f, fr->name));
     /* C functions' file is "<cfunc>", no file at all */
-    col_push(&f->col[FUNC_FILE], RSTRING_LEN(fr->file) && f->frame_cat[frame] != CAT_CFUNC ? intern(f, fr->file) : -1);
+    col_push(&f->col[FUNC_FILE], RSTRING_LEN(fr->file) && f->frame_cat[frame] != STROBE_FF_CAT_CFUNC ? intern(f, fr->file) : -1);
     col_push(&f->col[FUNC_LINE], fr->line > 0 && fr->line <= INT32_MAX ? (int32_t)fr->line : -1);
-    col_push(&f->col[FUNC_IS_RUBY], f->frame_cat[frame] == CAT_RUBY);
+    col_push(&f->col[FUNC_IS_RUBY], f->frame_cat[frame] == STROBE_FF_CAT_RUBY);
     f->func_stamp[frame] = stamp;
     f->func_of[frame] = (uint32_t)idx;
     return idx;
@@ -178,7 +186,7 @@ local_stack(ff_t *f, uint32_t stamp, uint32_t node)
         int cat = f->frame_cat[nd->frame], sub = f->frame_sub[nd->frame];
         int32_t fr = local_frame(f, stamp, nd->frame, nd->line, cat, sub);
         /* An uncategorised frame ("(truncated)") takes its caller's. */
-        if (cat == CAT_OTHER && prefix >= 0) { cat = f->col[STACK_CAT].v[prefix]; sub = f->col[STACK_SUB].v[prefix]; }
+        if (cat == STROBE_FF_CAT_OTHER && prefix >= 0) { cat = f->col[STACK_CAT].v[prefix]; sub = f->col[STACK_SUB].v[prefix]; }
         prefix = push_stack(f, fr, prefix, cat, sub);
         f->stack_stamp[m] = stamp;
         f->stack_of[m] = (uint32_t)prefix;
@@ -203,16 +211,6 @@ recolored_stack(ff_t *f, uint32_t stamp, uint32_t node, int cat)
 }
 
 /* ---- JSON ----------------------------------------------------------------- */
-
-/* Microseconds as milliseconds with three decimals. */
-static void
-out_ms(out_t *o, int64_t us)
-{
-    if (us < 0) { OUT_LIT(o, "-"); us = -us; }
-    out_u64(o, (uint64_t)us / 1000, 0);
-    char frac[4] = { '.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10), (char)('0' + us % 10) };
-    out_mem(o, frac, 4);
-}
 
 static void
 out_key(out_t *o, const char *key)
@@ -315,8 +313,8 @@ write_thread(ff_t *f, out_t *o, long t, int is_main, int64_t interval_us)
     for (size_t i = from; i < to; i++) {
         size_t k = f->order[i];
         int state = s->state ? s->state[k] : STROBE_STATE_UNKNOWN;
-        int32_t st = state == STROBE_STATE_BLOCKED ? recolored_stack(f, stamp, s->node[k], CAT_IDLE)
-                   : state == STROBE_STATE_WAITING ? recolored_stack(f, stamp, s->node[k], CAT_GVL_WAIT)
+        int32_t st = state == STROBE_STATE_BLOCKED ? recolored_stack(f, stamp, s->node[k], STROBE_FF_CAT_IDLE)
+                   : state == STROBE_STATE_WAITING ? recolored_stack(f, stamp, s->node[k], STROBE_FF_CAT_GVL_WAIT)
                                                    : local_stack(f, stamp, s->node[k]);
         col_push(stacks, st);
     }
@@ -346,8 +344,9 @@ write_thread(ff_t *f, out_t *o, long t, int is_main, int64_t interval_us)
     }
     OUT_LIT(o, "],\"weight\":null,\"weightType\":\"samples\",");
     out_length(o, to - from);
-    OUT_LIT(o, "},\"markers\":{\"data\":[],\"name\":[],\"startTime\":[],\"endTime\":[],\"phase\":[],\"category\":[],\"length\":0},"
-               "\"resourceTable\":{\"lib\":[],\"name\":[],\"host\":[],\"type\":[],\"length\":0},"
+    OUT_LIT(o, "},");
+    if (strobe_ff_markers_write_thread(o, f->markers, t, intern_marker_name, f)) OUT_LIT(o, ",\"showMarkersInTimeline\":true");
+    OUT_LIT(o, ",\"resourceTable\":{\"lib\":[],\"name\":[],\"host\":[],\"type\":[],\"length\":0},"
                "\"nativeSymbols\":{\"libIndex\":[],\"address\":[],\"name\":[],\"functionSize\":[],\"length\":0},"
                "\"stringArray\":[");
     for (long i = 0; i < RARRAY_LEN(f->string_list); i++) {
@@ -396,7 +395,9 @@ write_meta(ff_t *f, out_t *o, int64_t interval_us, int64_t end_us, long main_thr
     out_ms(o, end_us);
     OUT_LIT(o, ",\"processType\":0,\"product\":\"Ruby (Strobe)\",\"stackwalk\":0,\"version\":28,"
                "\"preprocessedProfileVersion\":48,\"symbolicated\":true,\"sourceCodeIsNotOnSearchfox\":true,"
-               "\"keepProfileThreadOrder\":true,\"markerSchema\":[],\"categories\":");
+               "\"keepProfileThreadOrder\":true,\"markerSchema\":[");
+    strobe_ff_markers_write_schema(o, f->markers);
+    OUT_LIT(o, "],\"categories\":");
     out_mem(o, categories_json, sizeof(categories_json) - 1);
     long threads = RARRAY_LEN(f->s->thread_ids);
     OUT_LIT(o, ",\"initialVisibleThreads\":[");
@@ -433,6 +434,7 @@ ff_cleanup(void *arg)
     for (int c = 0; c < COLUMNS; c++) xfree(f->col[c].v);
     xfree(f->stacks.v);
     xfree(f->path.v);
+    strobe_ff_markers_free(f->markers);
     if (f->frames) st_free_table(f->frames);
     if (f->recolored) st_free_table(f->recolored);
     xfree(f);
@@ -489,6 +491,9 @@ strobe_firefox_body(report_t *r)
         else is_main[t] = 0;
     }
     if (main_thread < 0) main_thread = 0, is_main[0] = 1; /* a process track needs one */
+    f->markers = strobe_ff_markers_new();
+    strobe_ff_markers_read(f->markers, r, s, main_thread);
+    if (strobe_ff_markers_end_us(f->markers) > end_us) end_us = strobe_ff_markers_end_us(f->markers);
 
     out_t *o = &r->out;
     OUT_LIT(o, "{");

@@ -117,7 +117,7 @@ report_mark(void *ptr)
     rb_gc_mark(r->keep);
     if (r->out.str) rb_gc_mark(r->out.str);
     if (r->out.sink) rb_gc_mark(r->out.sink);
-    for (int i = 0; i < 2; i++)
+    for (size_t i = 0; i < sizeof(r->pinned) / sizeof(r->pinned[0]); i++)
         if (r->pinned[i]) rb_gc_mark(r->pinned[i]);
     if (r->samples_read) rb_gc_mark(r->samples_read->thread_ids);
     for (long i = 0; i < r->len; i++) {

@@ -86,7 +86,7 @@ typedef struct {
     strobe_samples_t *samples_read; /* an export's samples (samples.c), freed with it */
     void (*cleanup)(void *);  /* an export's own cleanup, run as the report is freed */
     void *cleanup_arg;
-    VALUE pinned[2];         /* an export's own objects held in C memory: marked
+    VALUE pinned[3];         /* an export's own objects held in C memory: marked
                               * (and so pinned) while it runs (0: none) */
     VALUE holder;            /* GC-visible object marking the VALUEs above */
 } report_t;
@@ -271,6 +271,16 @@ out_i64(out_t *o, int64_t n)
     } else {
         out_u64(o, (uint64_t)n, 0);
     }
+}
+
+/* Microseconds as milliseconds with three decimals. */
+static inline void
+out_ms(out_t *o, int64_t us)
+{
+    if (us < 0) { OUT_LIT(o, "-"); us = -us; }
+    out_u64(o, (uint64_t)us / 1000, 0);
+    char frac[4] = { '.', (char)('0' + us / 100 % 10), (char)('0' + us / 10 % 10), (char)('0' + us % 10) };
+    out_mem(o, frac, 4);
 }
 
 #endif
