@@ -79,6 +79,58 @@ class TestFlamegraph < Minitest::Test
     end
   end
 
+  def with_markers(result = profile)
+    result.merge(
+      raw_sample_timestamps: (1..100).map { |k| k * 1000 },
+      markers: [
+        { type: :request, name: "GET /posts", thread: 1, start: 10_500, end: 60_500,
+          data: { method: "GET", status: 200, tags: %w[a b], none: nil } },
+        { type: :gc, name: "GC", thread: 1, start: 30_000, end: 35_000, data: { phases: %w[marking sweeping] } },
+        { type: :user, name: "tick", thread: 1, start: 70_000, end: nil, data: nil },
+        { type: :request, name: "GET /again", thread: 1, start: 50_000, end: 80_000, data: nil },
+      ]
+    )
+  end
+
+  # Markers go under the timeline at the positions of the samples around
+  # them, each with the lines of its tooltip.
+  def test_markers_are_placed_on_the_timeline
+    lane = Strobe::Flamegraph.new(Strobe::Report.new(with_markers)).data[:markers]
+    assert_equal %w[request gc user request], lane[:type]
+    assert_equal [10, 29, 69, 49], lane[:start], "samples before each start"
+    assert_equal [60, 34, nil, 79], lane[:end]
+    assert_equal ["request on main, 50.000 ms", "method: GET", "status: 200", "tags: a, b"], lane[:detail][0]
+    assert_equal ["user on main, an instant"], lane[:detail][2]
+    assert_nil Strobe::Flamegraph.new(Strobe::Report.new(profile)).data[:markers]
+    bad = with_markers.merge(markers: [{ type: :user, name: 1, start: 0 }])
+    assert_raises(Strobe::ProfileError) { Strobe::Flamegraph.new(Strobe::Report.new(bad)).data }
+  end
+
+  # In Chromium: the lane is drawn under the timeline (overlapping requests
+  # in two rows), not in the aggregated view.
+  def test_the_marker_lane_renders_under_the_timeline
+    assert CHROMIUM, "chromium is needed for this test (.ci/run installs Debian's chromium)"
+    Dir.mktmpdir do |dir|
+      page = File.join(dir, "flame.html")
+      File.write(page, html(with_markers))
+      timeline = chromium_dom("file://#{page}#view=timeline")
+      assert_match(/<body[^>]* data-ready="1"/, timeline)
+      assert_equal "4", timeline[/data-marker-boxes="(\d+)"/, 1]
+      assert_equal "0", chromium_dom("file://#{page}")[/data-marker-boxes="(\d+)"/, 1], "none in the aggregated view"
+
+      purple = lambda do |url|
+        shot = File.join(dir, "shot.png")
+        run_tool(CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,600",
+                 "--virtual-time-budget=5000", "--screenshot=#{shot}", url, timeout: 120)
+        png_rgb(File.binread(shot)).count { |r, g, b| b > 185 && r.between?(140, 180) && g.between?(105, 145) }
+      end
+      # The requests' colour: two rows (they overlap), each about half the
+      # width of 1000 px and 17 px high.
+      assert_operator purple.call("file://#{page}#view=timeline"), :>, 8000
+      assert_operator purple.call("file://#{page}"), :<, 100
+    end
+  end
+
   private
 
   # The pixels of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium's

@@ -12,6 +12,7 @@ module Strobe
   #   frames    parallel arrays name/file/line
   #   tree      parallel arrays parent/frame/self/total, node 0 the root
   #   timeline  the samples in time order as runs of tree nodes (node/count)
+  #   markers   the marker lane under the timeline (see #markers), or nil
   #
   # The tree and the runs come from Strobe::Native.report_tree (C), so a
   # flamegraph needs per-sample data (raw: true).
@@ -50,10 +51,52 @@ module Strobe
                   line: details.map { |f| f[:line] }, native: details.map { |f| f[:native] ? 1 : 0 } },
         tree: tree.slice(:parent, :frame, :self, :total),
         timeline: { node: tree[:run_nodes], count: tree[:run_counts] },
+        markers: markers,
+      }
+    end
+
+    # The result's markers for the lane under the timeline, as parallel
+    # arrays: type and name; start and end as positions on the timeline (the
+    # samples before that time, in time order; end nil for an instant); and
+    # the lines of each one's tooltip. nil without markers or sample times.
+    def markers
+      list, stamps = @report.result.values_at(:markers, :raw_sample_timestamps)
+      return nil unless list.is_a?(Array) && !list.empty? && stamps.is_a?(Array) && !stamps.empty?
+      raise ProfileError, "markers is malformed" unless list.all? { |m| well_formed?(m) }
+
+      sorted = stamps.sort
+      position = ->(time) { sorted.bsearch_index { |s| s >= time } || sorted.size }
+      {
+        type: list.map { |m| m[:type].to_s }, name: list.map { |m| m[:name] },
+        start: list.map { |m| position.call(m[:start]) }, end: list.map { |m| m[:end] && position.call(m[:end]) },
+        detail: list.map { |m| marker_detail(m) },
       }
     end
 
     private
+
+    def well_formed?(marker)
+      marker.is_a?(Hash) && marker[:name].is_a?(String) && marker[:start].is_a?(Integer) &&
+        (marker[:end].nil? || marker[:end].is_a?(Integer)) && (marker[:data].nil? || marker[:data].is_a?(Hash))
+    end
+
+    # Its tooltip: what and where, how long, then its data.
+    def marker_detail(marker)
+      span = marker[:end] ? format("%.3f ms", (marker[:end] - marker[:start]) / 1000.0) : "an instant"
+      lines = ["#{marker[:type]} on #{thread_name(marker[:thread])}, #{span}"]
+      (marker[:data] || {}).each do |key, value|
+        lines << "#{key}: #{value.is_a?(Array) ? value.join(', ') : value}" unless value.nil?
+      end
+      lines
+    end
+
+    def thread_name(id)
+      thread = (@report.result[:threads] || {})[id]
+      return "no thread" if id.nil?
+      return thread[:name] if thread.is_a?(Hash) && thread[:name]
+
+      thread.is_a?(Hash) && thread[:main] ? "main" : "thread #{id}"
+    end
 
     def default_title
       interval = @report.interval ? "(#{@report.interval})" : ""
