@@ -132,6 +132,17 @@ module StrobeTestHelpers
                 timeout: timeout)
   end
 
+  # The web-application gems (ActiveSupport...) that `rake deps` installs
+  # apart from the suite's: programs started with app_gems_env see them.
+  APP_GEMS_HOME = File.join(ROOT, "tmp/app-gems", RUBY_VERSION)
+
+  def app_gems_env
+    unless File.directory?(File.join(APP_GEMS_HOME, "gems"))
+      flunk "#{APP_GEMS_HOME} is missing: `rake deps` installs the application gems these tests run"
+    end
+    { "GEM_PATH" => [APP_GEMS_HOME, *Gem.path].join(File::PATH_SEPARATOR) }
+  end
+
   # Runs Ruby code in a child process and checks that it exits 0 having
   # printed exactly expected.
   def assert_ruby_prints(expected, code, timeout: 60, ruby_args: [])

@@ -150,6 +150,15 @@ native_now_us(VALUE self)
     return LL2NUM(strobe_now_us());
 }
 
+/* Strobe::Native.sampling_current_thread?: whether the calling thread is
+ * sampled now, so that a marker it adds is kept. */
+static VALUE
+native_sampling_current_thread(VALUE self)
+{
+    (void)self;
+    return strobe_sampler_current_sampled() ? Qtrue : Qfalse;
+}
+
 /* Strobe::Native.marker_add(type, name, start_us, end_us, data): a marker
  * on the calling thread, if it is being sampled now; end_us nil for an
  * instant. type a Symbol, name a String, data a Hash or nil. Returns
@@ -182,4 +191,5 @@ strobe_markers_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "now_us", native_now_us, 0);
     rb_define_singleton_method(mNative, "marker_add", native_marker_add, 5);
+    rb_define_singleton_method(mNative, "sampling_current_thread?", native_sampling_current_thread, 0);
 }

@@ -200,12 +200,18 @@ current_entry(void)
 }
 
 int
-strobe_sampler_add_marker(strobe_marker_t *m)
+strobe_sampler_current_sampled(void)
 {
     if (!atomic_load(&S.running)) return 0;
     strobe_thread_t *t = current_entry();
-    if (!t || !strobe_sampler_sampled(t)) return 0; /* a thread that is not profiled, or not now */
-    return strobe_profile_add_marker(t, m);
+    return t && strobe_sampler_sampled(t); /* not a thread that is profiled, or not now */
+}
+
+int
+strobe_sampler_add_marker(strobe_marker_t *m)
+{
+    if (!strobe_sampler_current_sampled()) return 0;
+    return strobe_profile_add_marker(current_entry(), m);
 }
 
 /* ---- scopes: threads sampled only while they serve something -------------------

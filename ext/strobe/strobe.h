@@ -564,6 +564,9 @@ VALUE strobe_sampler_scope_key(void);
 /* GVL held: marker m on the calling thread if it is sampled now (see
  * strobe_profile_add_marker); 0 when it is not kept. */
 int strobe_sampler_add_marker(strobe_marker_t *m);
+/* GVL held: whether the calling thread is being sampled now (a marker it
+ * added would be kept). */
+int strobe_sampler_current_sampled(void);
 /* Whether thread t is sampled now (not paused between scopes). Async-signal-safe. */
 int strobe_sampler_sampled(const strobe_thread_t *t);
 /* A forked child puts /dev/null in place of descriptor fd (strobe serve's

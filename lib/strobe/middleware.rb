@@ -4,6 +4,7 @@ require "cgi"
 require "fileutils"
 require "stringio"
 require_relative "../strobe"
+require_relative "notifications"
 
 module Strobe
   # Rack middleware that profiles the requests of a running application.
@@ -48,6 +49,11 @@ module Strobe
   #                 requests share threads: there the page is served; nor
   #                 can it tell apart requests an application interleaves
   #                 on one thread with fibers of its own.
+  #   notifications: ActiveSupport notifications recorded as markers of
+  #                 the threads they happen on while profiled: sets of
+  #                 Strobe::Notifications (:sql, :controller, :views,
+  #                 :cache, or event names), true for every set; default
+  #                 none
   #
   # Requests that overlap (threaded servers) share one profile: it starts
   # with the first and stops when the last ends. The profile covers the
@@ -71,7 +77,7 @@ module Strobe
   # middleware is built.
   class Middleware
     OPTIONS = %i[enabled threads mode interval raw native metadata format path save_every save_interval
-                 save_at_exit on_result permit].freeze
+                 save_at_exit on_result permit notifications].freeze
     THREADS = %i[requests all].freeze
     # Threads a request starts inherit its scope by Fiber storage (3.2+).
     FIBER_STORAGE = Fiber.respond_to?(:[])
@@ -104,6 +110,9 @@ module Strobe
       @save_interval = check_schedule(:save_interval, options.fetch(:save_interval, DEFAULT_SAVE_INTERVAL),
                                       Numeric, "number of seconds")
       save_at_exit = check_switch(:save_at_exit, options.fetch(:save_at_exit, true))
+      sets = options[:notifications]
+      Notifications.events_of(Array(sets)) if sets # checked even where nothing is profiled
+      @notifications = sets && (@enabled || @permit) ? Notifications.subscribe(*Array(sets)) : nil
 
       @lock = Mutex.new
       @active = 0     # requests in the shared profile now

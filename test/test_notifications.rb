@@ -1,0 +1,115 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require "json"
+require "strobe/notifications"
+
+# ActiveSupport notifications as markers (issue 19), with the real
+# activesupport gem (rake deps installs it apart from the suite's gems, so
+# each test runs its program in a child process that has it).
+class TestNotifications < Minitest::Test
+  def run_app(code)
+    out, err, status = run_ruby(<<~RUBY, env: app_gems_env, timeout: 120)
+      require "strobe"
+      require "strobe/notifications"
+      require "active_support"
+      require "active_support/notifications"
+      require "json"
+      def spin(s); d = Process.clock_gettime(Process::CLOCK_MONOTONIC) + s; nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) < d; end
+      #{code}
+    RUBY
+    assert status.success?, "stderr: #{err[0, 800]}"
+    JSON.parse(out, symbolize_names: true)
+  end
+
+  def test_events_of_the_chosen_sets_become_markers_of_their_thread
+    markers = run_app(<<~RUBY)
+      sub = Strobe::Notifications.subscribe(:sql, :controller, "deliver.action_mailer")
+      result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+        ActiveSupport::Notifications.instrument("process_action.action_controller",
+            controller: "PostsController", action: "index", method: "GET", path: "/posts", status: 200,
+            params: { "secret" => "x" }, headers: Object.new) do |payload|
+          ActiveSupport::Notifications.instrument("sql.active_record", name: "Post Load",
+              sql: "SELECT * FROM posts", binds: [1]) { spin(0.01) }
+          ActiveSupport::Notifications.instrument("sql.active_record", name: "Post Load", sql: "SELECT 1", cached: true) { }
+          payload[:view_runtime] = 1.5
+        end
+        ActiveSupport::Notifications.instrument("deliver.action_mailer", mailer: "Mailer", to: ["a@b"], perform_deliveries: true) { }
+        ActiveSupport::Notifications.instrument("render_template.action_view", identifier: "/app/views/x.erb") { }
+      end
+      sub.unsubscribe
+      after = Strobe.run(mode: :wall, interval: 1000) { ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT 2") { spin(0.005) } }
+      puts JSON.generate(result[:markers].reject { |m| m[:type] == :gc } + (after[:markers] || []).reject { |m| m[:type] == :gc } +
+                         [{ main: result[:threads].find { |_, t| t[:main] }.first }])
+    RUBY
+    main = markers.pop[:main]
+    assert_equal %w[process_action.action_controller sql.active_record sql.active_record deliver.action_mailer],
+                 markers.map { |m| m[:type] }, "in order of start, none after unsubscribing, none of a set not chosen"
+    action, query, cached, mail = markers
+    assert_equal "PostsController#index", action[:name]
+    assert_equal({ controller: "PostsController", action: "index", method: "GET", path: "/posts", status: 200, view_runtime: 1.5 },
+                 action[:data], "the payload as it was when the event finished; no params or headers")
+    assert_equal ["Post Load", { sql: "SELECT * FROM posts" }], [query[:name], query[:data]], "no binds"
+    assert_equal({ sql: "SELECT 1", cached: true }, cached[:data])
+    assert_operator query[:end] - query[:start], :>=, 10_000
+    assert_operator action[:start], :<=, query[:start]
+    assert_operator action[:end], :>=, cached[:end]
+    assert_equal [main] * 4, markers.map { |m| m[:thread] }
+    assert_equal ["deliver.action_mailer", { mailer: "Mailer", perform_deliveries: true }], [mail[:name], mail[:data]],
+                 "another event: its plain values"
+  end
+
+  def test_long_sql_is_cut_and_events_elsewhere_are_not_kept
+    markers = run_app(<<~RUBY)
+      Strobe::Notifications.subscribe(true)
+      other = Thread.new { sleep 0.05; ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT other") { } }
+      result = Strobe.run(mode: :wall, interval: 1000, threads: [Thread.current]) do
+        ActiveSupport::Notifications.instrument("cache_read.active_support", key: ["posts", 1], hit: true) { }
+        ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT '" + "x" * 5000 + "'") { }
+        other.join
+      end
+      puts JSON.generate(result[:markers].reject { |m| m[:type] == :gc })
+    RUBY
+    cache, sql = markers
+    assert_equal 2, markers.size, "not the thread that is not profiled"
+    assert_equal ["read posts/1", { key: "posts/1", hit: true }], [cache[:name], cache[:data]]
+    assert_equal Strobe::Notifications::TEXT_LIMIT + 1, sql[:data][:sql].length
+    assert sql[:data][:sql].end_with?("…")
+  end
+
+  # Under the middleware: the request's profile holds its SQL beside the
+  # request marker; a middleware that profiles nothing subscribes to nothing.
+  def test_the_middleware_records_the_sets_it_is_given
+    markers = run_app(<<~RUBY)
+      require "rack"
+      require "strobe/middleware"
+      app = lambda do |_env|
+        ActiveSupport::Notifications.instrument("sql.active_record", name: "Post Load", sql: "SELECT * FROM posts") { spin(0.01) }
+        [200, {}, ["ok"]]
+      end
+      results = Queue.new
+      mw = Strobe::Middleware.new(app, enabled: true, notifications: [:sql], save_every: 1, save_at_exit: false,
+                                       on_result: ->(r) { results << r })
+      idle = Strobe::Middleware.new(app, notifications: [:sql])
+      idle.call(Rack::MockRequest.env_for("/posts"))
+      mw.call(Rack::MockRequest.env_for("/posts"))
+      listeners = ActiveSupport::Notifications.notifier.listeners_for("sql.active_record").size
+      puts JSON.generate(results.pop[:markers].reject { |m| m[:type] == :gc }.map { |m| m.slice(:type, :name) } + [listeners])
+    RUBY
+    assert_equal 1, markers.pop, "one subscription: the middleware that profiles"
+    assert_equal [{ type: "request", name: "GET /posts" }, { type: "sql.active_record", name: "Post Load" }],
+                 markers.sort_by { |m| m[:type] }
+  end
+
+  def test_sets_are_checked
+    assert_equal %w[sql.active_record my.event], Strobe::Notifications.events_of([:sql, "my.event", :sql])
+    assert_equal Strobe::Notifications::SETS.values.flatten, Strobe::Notifications.events_of([true])
+    error = assert_raises(ArgumentError) { Strobe::Notifications.events_of([:sqll]) }
+    assert_match(/unknown notifications set: :sqll/, error.message)
+    assert_raises(ArgumentError) { Strobe::Notifications.events_of([]) }
+    assert_raises(ArgumentError) { Strobe::Notifications.events_of([42]) }
+    require "strobe/middleware"
+    error = assert_raises(ArgumentError) { Strobe::Middleware.new(->(_) {}, notifications: [:views, :nope]) }
+    assert_match(/:nope/, error.message)
+  end
+end
