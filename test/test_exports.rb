@@ -111,6 +111,42 @@ class TestExports < Minitest::Test
     assert_equal expected, seen
   end
 
+  def with_requests(result = fixture)
+    result.merge(markers: [
+      { type: :request, name: "GET /a", thread: 7, start: 500, end: 2500, data: { endpoint: "A#index" } },
+      { type: :gc, name: "GC", thread: 7, start: 900, end: 1100, data: nil },
+      { type: :request, name: "GET /b", thread: 8, start: 3000, end: 4200, data: nil },
+      { type: :request, name: "GET /c", thread: 7, start: 2500, end: 5000, data: { endpoint: "B#show", status: 200 } },
+      { type: :request, name: "GET /nowhere", thread: 99, start: 0, end: 9000, data: { endpoint: "Lost#x" } },
+    ])
+  end
+
+  # A sample taken while its thread served a request (a request marker of
+  # its thread spans its time) carries that request's endpoint as a label.
+  def test_pprof_labels_each_sample_with_the_endpoint_it_served
+    seen = Hash.new(0)
+    prof = pprof(with_requests)
+    prof[:samples].each do |sample|
+      labels = sample[:labels].to_h
+      seen[[labels["thread_id"], labels["endpoint"]]] += sample[:values].first
+    end
+    assert_equal({ [7, "A#index"] => 2, [7, "B#show"] => 3, [8, nil] => 2, [8, "GET /b"] => 2 }, seen)
+    refute pprof(fixture)[:strings].include?("endpoint"), "no label without requests"
+
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "requests.pb.gz")
+      Strobe.save(with_requests, path, format: :pprof)
+      out, err, status = run_tool("go", "tool", "pprof", "-top", "-tagfocus=endpoint=B#show", "-sample_index=samples", path)
+      assert status.success?, "go tool pprof failed: #{err}"
+      assert_match(/Total samples = 9\b/, out)
+      assert_match(/Showing nodes accounting for 3, 33\.33% of 9 total/, out, "-tagfocus keeps B#show's 3 samples")
+      tags, err, status = run_tool("go", "tool", "pprof", "-tags", path)
+      assert status.success?, "go tool pprof -tags failed: #{err}"
+      assert_match(%r{endpoint: Total 7\.0ms\n\s+3\.0ms \(42\.86%\): B#show\n\s+2\.0ms \(28\.57%\): A#index\n\s+2\.0ms \(28\.57%\): GET /b\n},
+                   tags)
+    end
+  end
+
   def test_pprof_functions_and_lines
     prof = pprof(fixture)
     pow = prof[:functions].values.find { |f| f[:name] == "A#pow" }

@@ -4,9 +4,10 @@
  *
  * From the raw samples (samples.c): a Function per frame (name, file, first
  * line), a Location per (frame, line) pair, and a Sample per distinct
- * (stack, thread, GVL state), leaf first, with the samples' count and their
- * time (interval x count, in nanoseconds: cpu or wall) or allocated objects,
- * and labels naming the thread (and its state). Period, start time,
+ * (stack, thread, GVL state, endpoint), leaf first, with the samples' count
+ * and their time (interval x count, in nanoseconds: cpu or wall) or
+ * allocated objects, and labels naming the thread (and its state, and the
+ * endpoint of the request it was serving: endpoints.c). Period, start time,
  * duration and the profile's settings and metadata (as comments) go in the
  * header. Strings are interned in a string table written last (protobuf
  * fields may come in any order).
@@ -17,7 +18,7 @@
  *
  * GVL held; not signal-safe.
  */
-#include "report.h"
+#include "endpoints.h"
 #include <stdlib.h>
 #include <inttypes.h>
 
@@ -232,13 +233,17 @@ write_locations(pprof_t *p, out_t *o)
     return loc;
 }
 
-/* One Sample per distinct (node, thread, state), in order of first sight. */
+/* One Sample per distinct (node, thread, state, endpoint), in order of
+ * first sight. */
 static void
 write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per_sample)
 {
     strobe_samples_t *s = p->s;
-    /* (node, thread, state) triples interned as the nodes of a table of
-     * their own: node k + 1 is the k-th distinct one. */
+    VALUE endpoints = rb_ary_new();
+    const int32_t *endpoint_of = strobe_endpoints_of_samples(p->r, 7, s, endpoints);
+    /* (node, thread, state and endpoint) triples interned as the nodes of a
+     * table of their own: node k + 1 is the k-th distinct one. The line
+     * holds the state in its low 8 bits, the endpoint + 1 above them. */
     strobe_stack_table_t *keys = &p->tables->keys;
     uint64_t *counts = ZALLOC_N(uint64_t, s->n + 1);
     p->r->scratch[2] = counts;
@@ -246,7 +251,7 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
     int last_state = -1;
     for (size_t i = 0; i < s->n; i++) {
         uint32_t node = s->node[i], thread = s->thread ? s->thread[i] : 0;
-        int state = s->state ? s->state[i] : 0;
+        int state = (s->state ? s->state[i] : 0) | (endpoint_of ? (endpoint_of[i] + 1) << 8 : 0);
         if (node != last_node || thread != last_thread || state != last_state) {
             at = strobe_stack_table_node(keys, node, thread, state);
             last_node = node, last_thread = thread, last_state = state;
@@ -261,10 +266,13 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
     int64_t key_thread = intern_c(p, "thread"), key_thread_id = intern_c(p, "thread_id"), key_state = intern_c(p, "state");
     int64_t state_str[STROBE_STATES] = { 0 };
     for (int st = 1; st < STROBE_STATES; st++) state_str[st] = intern(p, rb_sym2str(strobe_state_sym(st)));
+    int64_t key_endpoint = RARRAY_LEN(endpoints) ? intern_c(p, "endpoint") : 0;
+    int64_t *endpoint_str = p->r->scratch[1] = ALLOC_N(int64_t, RARRAY_LEN(endpoints) + 1);
+    for (long e = 0; e < RARRAY_LEN(endpoints); e++) endpoint_str[e] = intern(p, RARRAY_AREF(endpoints, e));
 
     for (uint32_t d = 1; d < keys->nodes_len; d++) {
         uint32_t node = keys->nodes[d].parent, thread = keys->nodes[d].frame;
-        int state = keys->nodes[d].line;
+        int state = keys->nodes[d].line & 0xff, endpoint = (keys->nodes[d].line >> 8) - 1;
         for (uint32_t n = node; n; n = s->table.nodes[n].parent) pb_varint(&p->packed, loc[n]);
         pb_nested(&p->msg, SAMPLE_LOCATION_ID, &p->packed);
         pb_varint(&p->packed, counts[d]);
@@ -278,8 +286,10 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
         label(p, key_thread, thread_label[thread], 0);
         if (FIXNUM_P(id)) label(p, key_thread_id, 0, FIX2LONG(id));
         if (state) label(p, key_state, state_str[state], 0);
+        if (endpoint >= 0) label(p, key_endpoint, endpoint_str[endpoint], 0);
         out_message(o, PROFILE_SAMPLE, &p->msg);
     }
+    RB_GC_GUARD(endpoints);
 }
 
 static void
