@@ -149,6 +149,69 @@ class TestMiddleware < Minitest::Test
     assert_match(/No samples of this request were taken \(sampling cpu at 1000000 µs\)/, short.body)
   end
 
+  # ?strobe=1&strobe_format=...: the request's own profile as a file of
+  # that format, to download; an unknown format is refused before the
+  # application runs.
+  def test_a_permitted_request_as_a_file_of_each_format
+    a = app(permit: ->(_) { true }, mode: :cpu, interval: 200)
+    json = Rack::MockRequest.new(a).get("/page?cpu=50&strobe=1&strobe_format=json")
+    assert_equal ["application/json", "no-store"], [json["Content-Type"], json["Cache-Control"]]
+    assert_match(/\Aattachment; filename="strobe-cpu-\d+-[\d-]+\.json"\z/, json["Content-Disposition"])
+    Dir.mktmpdir do |dir|
+      File.binwrite(File.join(dir, "p.json"), json.body)
+      loaded = Strobe.load(File.join(dir, "p.json"))
+      assert_equal 1, loaded[:threads].size, "the request's own thread"
+      assert(loaded[:frames].values.any? { |f| f[:name] == "TestMiddleware#work" })
+    end
+
+    firefox = Rack::MockRequest.new(a).get("/page?cpu=50&strobe=1&strobe_format=firefox")
+    assert_match(/\.firefox\.json"\z/, firefox["Content-Disposition"])
+    require "json"
+    doc = JSON.parse(firefox.body)
+    assert_equal 48, doc["meta"]["preprocessedProfileVersion"]
+    track = doc["threads"].first
+    assert_includes track["markers"]["name"].map { |i| track["stringArray"][i] }, "GET /page", "the request marker"
+
+    speedscope = Rack::MockRequest.new(a).get("/page?cpu=50&strobe=1&strobe_format=speedscope")
+    assert_equal "https://www.speedscope.app/file-format-schema.json", JSON.parse(speedscope.body)["$schema"]
+
+    require "protobuf_reader"
+    pprof = Rack::MockRequest.new(a).get("/page?cpu=50&strobe=1&strobe_format=pprof")
+    assert_equal "application/octet-stream", pprof["Content-Type"]
+    prof = ProtobufReader.profile(gunzip(pprof.body))
+    assert_includes prof[:functions].values.map { |f| f[:name] }, "TestMiddleware#work"
+    labels = prof[:samples].map { |sample| sample[:labels].to_h["endpoint"] }.uniq
+    assert_equal ["GET /page"], labels, "every sample served the request"
+
+    called = false
+    bad = Rack::Lint.new(Strobe::Middleware.new(->(_env) { called = true && [200, {}, []] }, permit: ->(_) { true }))
+    response = Rack::MockRequest.new(bad).get("/page?strobe=1&strobe_format=svg")
+    assert_equal 400, response.status
+    assert_equal "strobe_format must be one of json, firefox, speedscope, pprof\n", response.body
+    refute called, "the application did not run"
+  end
+
+  # sample_rate: a fraction of the requests enabled: lets through is
+  # profiled; it turns enabled: on unless told otherwise.
+  def test_sample_rate_profiles_a_share_of_the_requests
+    results = Queue.new
+    inner = ->(_env) { [200, {}, ["ok"]] }
+    mw = Strobe::Middleware.new(inner, sample_rate: 0.25, save_every: 400, save_interval: false, save_at_exit: false,
+                                       on_result: ->(r) { results << r })
+    400.times { mw.call({ "REQUEST_METHOD" => "GET", "PATH_INFO" => "/x" }) }
+    mw.save
+    marked = Timeout.timeout(10) { results.pop }[:markers].count { |m| m[:type] == :request }
+    assert_operator marked, :>, 40, "about 100 of 400"
+    assert_operator marked, :<, 160, "about 100 of 400"
+    off = Strobe::Middleware.new(inner, sample_rate: 1, enabled: false)
+    off.call({})
+    refute Strobe.running?
+    [0, 1.5, -0.1, "0.5", Float::NAN, Complex(0.5, 0)].each do |rate|
+      error = assert_raises(ArgumentError) { Strobe::Middleware.new(inner, sample_rate: rate) }
+      assert_match(/sample_rate must be a fraction above 0 and at most 1, got/, error.message)
+    end
+  end
+
   # A request's flamegraph holds its own samples only: not those of the
   # requests before it, nor of one running beside it; and the profile the
   # middleware saves keeps all of them.

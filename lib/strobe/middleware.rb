@@ -48,7 +48,12 @@ module Strobe
   #                 from them). Not under a fiber scheduler (Falcon), whose
   #                 requests share threads: there the page is served; nor
   #                 can it tell apart requests an application interleaves
-  #                 on one thread with fibers of its own.
+  #                 on one thread with fibers of its own. With
+  #                 &strobe_format=json|firefox|speedscope|pprof that
+  #                 profile is the answer instead, as a file of that format.
+  #   sample_rate:  a fraction in (0, 1]: profile only that share of the
+  #                 requests (chosen at random) that enabled: lets through;
+  #                 with it, enabled: defaults to true
   #   notifications: ActiveSupport notifications recorded as markers of
   #                 the threads they happen on while profiled: sets of
   #                 Strobe::Notifications (:sql, :controller, :views,
@@ -77,7 +82,7 @@ module Strobe
   # middleware is built.
   class Middleware
     OPTIONS = %i[enabled threads mode interval raw native metadata format path save_every save_interval
-                 save_at_exit on_result permit notifications].freeze
+                 save_at_exit on_result permit notifications sample_rate].freeze
     THREADS = %i[requests all].freeze
     # Threads a request starts inherit its scope by Fiber storage (3.2+).
     FIBER_STORAGE = Fiber.respond_to?(:[])
@@ -85,13 +90,23 @@ module Strobe
     DEFAULT_SAVE_EVERY = 100   # requests
     DEFAULT_SAVE_INTERVAL = 60 # seconds
     FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
+    FORMAT_PARAM = /(?:\A|&)strobe_format=([^&]*)/
+    # What ?strobe=1&strobe_format=NAME answers with, beside the flamegraph:
+    # the export's content type.
+    REQUEST_FORMATS = { "json" => "application/json", "firefox" => "application/json",
+                        "speedscope" => "application/json", "pprof" => "application/octet-stream" }.freeze
 
     def initialize(app, **options)
       unknown = options.keys - OPTIONS
       raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')}" unless unknown.empty?
 
       @app = app
-      @enabled = check_switch(:enabled, options.fetch(:enabled, false))
+      @sample_rate = options[:sample_rate]
+      unless @sample_rate.nil? || (@sample_rate.is_a?(Numeric) && @sample_rate.real? && @sample_rate.positive? && @sample_rate <= 1)
+        raise ArgumentError, "sample_rate must be a fraction above 0 and at most 1, got #{@sample_rate.inspect}"
+      end
+
+      @enabled = check_switch(:enabled, options.fetch(:enabled, !@sample_rate.nil?))
       @permit = check_proc(:permit, options[:permit])
       @on_result = check_proc(:on_result, options[:on_result])
       @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: options[:raw],
@@ -199,7 +214,8 @@ module Strobe
     end
 
     def enabled?(env)
-      @enabled.respond_to?(:call) ? @enabled.call(env) : @enabled
+      on = @enabled.respond_to?(:call) ? @enabled.call(env) : @enabled
+      on && (@sample_rate.nil? || rand < @sample_rate)
     end
 
     def flamegraph_requested?(env)
@@ -339,6 +355,11 @@ module Strobe
     # profile like any other, and its flamegraph is cut from a snapshot of
     # it: its thread's samples while the application handled it.
     def flamegraph_response(env)
+      format = env["QUERY_STRING"].to_s[FORMAT_PARAM, 1]
+      if format && !REQUEST_FORMATS.key?(format)
+        return [400, { "Content-Type" => "text/plain; charset=utf-8", "Cache-Control" => "no-store" },
+                ["strobe_format must be one of #{REQUEST_FORMATS.keys.join(', ')}\n"]]
+      end
       if Fiber.scheduler
         # Falcon and other fiber servers run many requests on a thread: its
         # samples would show theirs too.
@@ -355,6 +376,7 @@ module Strobe
         scope = enter_scope
         response = @app.call(env)
         to = Native.now_us
+        mark_request(env, from, response)
         snapshot = Strobe.snapshot
       ensure
         leave_scope(scope) if scope
@@ -362,8 +384,20 @@ module Strobe
       end
       response[2].close if response[2].respond_to?(:close)
       title = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']} (Strobe)"
+      result = request_samples(snapshot, thread, from, to)
+      return export_response(result, format) if result && format
+
       [200, { "Content-Type" => "text/html; charset=utf-8", "Cache-Control" => "no-store" },
-       [flamegraph_page(request_samples(snapshot, thread, from, to), title)]]
+       [flamegraph_page(result, title)]]
+    end
+
+    # The request's profile as a file of format (REQUEST_FORMATS), to save.
+    def export_response(result, format)
+      body = StringIO.new(+"".b)
+      Strobe.save(result, body, format: format.to_sym)
+      name = File.basename(ProfileFile.path_in("", result, format.to_sym))
+      [200, { "Content-Type" => REQUEST_FORMATS.fetch(format), "Cache-Control" => "no-store",
+              "Content-Disposition" => "attachment; filename=\"#{name}\"" }, [body.string]]
     end
 
     # By count or by time, with @lock held; never for a profile holding no
