@@ -349,8 +349,8 @@ class TestMiddleware < Minitest::Test
       error = assert_raises(ArgumentError, option.to_s) { Strobe::Middleware.new(inner, option => value) }
       assert_match(/#{option}/, error.message)
     end
-    assert_raises(ArgumentError) { Strobe::Middleware.new(inner, sample_rate: 1) }.then do |e|
-      assert_match(/unknown option: :sample_rate/, e.message)
+    assert_raises(ArgumentError) { Strobe::Middleware.new(inner, sampel_rate: 1) }.then do |e|
+      assert_match(/unknown option: :sampel_rate/, e.message)
     end
   end
 
