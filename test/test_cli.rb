@@ -423,6 +423,7 @@ class TestCLIReport < Minitest::Test
       [["--file", "none\e[2J"], /no samples in a file matching none\\e\[2J$/],
       [["--method", "none\e[2J"], /no method named "none\\e\[2J"/],
       [["--thread", "9"], /no thread 9 in this profile \(threads: 5\)/],
+      [["--endpoint", "none\e[2J"], /no request to endpoint "none\\e\[2J" in this profile \(endpoints: none: it was not profiled/],
       [["-o", path("no\e[2Jdir/out.txt")], /cannot write .*no\\e\[2Jdir/],
     ].each do |options, pattern|
       status, out, err = cli("report", path("p.json"), *options)

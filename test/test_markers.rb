@@ -6,6 +6,7 @@ require "json"
 require "rack"
 require "rack/mock"
 require "strobe/middleware"
+require "strobe/cli"
 require_relative "firefox_checks"
 
 # The marker timeline beside the samples (issue 19): GC pauses, the Rack
@@ -96,6 +97,69 @@ class TestMarkers < Minitest::Test
     start, finish = main["markers"]["startTime"][outer], main["markers"]["endTime"][outer]
     assert_operator finish - start, :>=, 10.0
     assert_operator times.count { |t| t.between?(start, finish) }, :>=, 3, "its samples fall in its span"
+  end
+
+  def endpoint_work_a(seconds) = spin(seconds)
+  def endpoint_work_b(seconds) = spin(seconds)
+
+  # strobe report --endpoint NAME: the samples the threads serving requests
+  # to NAME took while they did, from the middleware's request markers.
+  def test_a_report_restricted_to_one_endpoint
+    results = Queue.new
+    inner = lambda do |env|
+      env["PATH_INFO"] == "/a" ? endpoint_work_a(0.03) : endpoint_work_b(0.03)
+      [200, {}, ["ok"]]
+    end
+    mw = Strobe::Middleware.new(inner, enabled: true, mode: :wall, interval: 1000, raw: true, save_every: false,
+                                       save_interval: false, save_at_exit: false, on_result: ->(r) { results << r })
+    %w[/a /b /a].map { |path| Thread.new { mw.call(Rack::MockRequest.env_for(path)) } }.each(&:join)
+    mw.save
+    result = Timeout.timeout(10) { results.pop }
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "p.json")
+      Strobe.save(result, path)
+      out = StringIO.new
+      err = StringIO.new
+      assert_equal 0, Strobe::CLI.new(["report", path, "--endpoint", "GET /a", "--limit", "50"], out: out, err: err).run,
+                   err.string
+      assert_includes out.string, "TestMarkers#endpoint_work_a"
+      refute_includes out.string, "endpoint_work_b"
+      err = StringIO.new
+      assert_equal 1, Strobe::CLI.new(["report", path, "--endpoint", "GET /c"], out: StringIO.new, err: err).run
+      assert_match(/no request to endpoint "GET \/c" in this profile \(endpoints: GET \/a, GET \/b\)/, err.string)
+    end
+    a = Strobe::Report.new(result, endpoint: "GET /a").result
+    assert_equal 2, a[:threads].size, "the two threads that served /a"
+    assert_equal(["GET /a", "GET /a"], a[:markers].select { |m| m[:type] == :request }.map { |m| m[:name] })
+    assert_operator a[:samples], :>=, 40
+    assert_operator a[:samples], :<, result[:samples]
+  end
+
+  # Native.windows_subset: samples of each window's thread in its window,
+  # overlapping and unbounded windows included, markers that overlap one.
+  def test_windows_subset_keeps_each_threads_windows
+    stamps = (1..10).map { |k| k * 100 }
+    result = {
+      version: 1.2, mode: :wall, interval: 100, samples: 10, gc_samples: 0, missed_samples: 0,
+      frames: { 1 => { name: "a", file: "a.rb", line: 1 }, 2 => { name: "b", file: "b.rb", line: 2 } },
+      threads: { 7 => { name: "x" }, 8 => { name: "y" } },
+      raw: [1, 1, 5, 1, 2, 5], raw_lines: [1, 1, 5, 1, 2, 5], raw_sample_threads: [7, 8] * 5,
+      raw_sample_timestamps: stamps, raw_timestamp_deltas: [100] + [100] * 9,
+      markers: [{ type: :user, name: "in", thread: 7, start: 250, end: 260, data: nil },
+                { type: :user, name: "out", thread: 7, start: 900, end: nil, data: nil },
+                { type: :user, name: "other", thread: 9, start: 100, end: 200, data: nil }],
+    }
+    # thread 7's samples at 100, 300, 500, 700, 900; thread 8's at 200, 400, ...
+    sub = Strobe::Native.windows_subset(result, [[7, 250, 550], [7, 500, 600], [8, nil, 400], [9, 0, 1000], [7, 5, 1]])
+    assert_equal [7, 7, 8, 8], sub[:raw_sample_threads].sort
+    assert_equal [200, 300, 400, 500], sub[:raw_sample_timestamps].sort
+    assert_equal [7, 8, 9], sub[:threads].keys
+    assert_nil sub[:thread], "several threads"
+    assert_equal %w[in other], sub[:markers].map { |m| m[:name] }, "not one outside its thread's windows"
+    assert_equal 4, sub[:samples]
+    assert_equal 7, Strobe::Native.windows_subset(result, [[7, nil, nil]])[:thread]
+    assert_raises(ArgumentError) { Strobe::Native.windows_subset(result, [[7, 1]]) }
+    assert_raises(TypeError) { Strobe::Native.windows_subset(result, [[7, "a", 2]]) }
   end
 
   def test_markers_survive_a_profile_file_and_a_merge

@@ -1,16 +1,23 @@
 /*
- * subset.c - the result of one thread, derived from a result with raw data.
+ * subset.c - part of a result with raw data: the samples some threads took
+ * in some windows of time, as a result of their own.
  *
- * Strobe::Native.thread_subset(result, thread_id, from = nil, to = nil)
- * walks the result's raw stacks (runs of identical stacks with a repeat
- * count) alongside raw_sample_threads, keeps the samples of that thread
- * (taken from `from` to `to`, CLOCK_MONOTONIC microseconds as
- * raw_sample_timestamps has them, when given), and builds a new
- * result from them the same way live results are built: the stacks are
- * interned into a stack table, the kept samples become per-node self counts,
+ * Strobe::Native.thread_subset(result, thread_id, from = nil, to = nil) and
+ * Strobe::Native.windows_subset(result, [[thread_id, from, to], ...]) walk
+ * the result's raw stacks (runs of identical stacks with a repeat count)
+ * alongside raw_sample_threads, keep the samples of each window's thread
+ * taken from `from` to `to` (CLOCK_MONOTONIC microseconds as
+ * raw_sample_timestamps has them; nil: unbounded), and build a new result
+ * from them the same way live results are built: the stacks are interned
+ * into a stack table, the kept samples become per-node self counts,
  * strobe_results_aggregate() derives samples/total_samples/edges/lines, and
  * strobe_results_raw() writes the raw arrays. Frame ids are the original
- * result's, so the two results can be compared frame by frame.
+ * result's, so the two results can be compared frame by frame. The markers
+ * kept are those of the windows' threads that overlap a window.
+ *
+ * Windows are sorted per thread with a running maximum of their ends, so a
+ * sample finds whether a window holds it by a binary search and a short
+ * walk back, however many windows there are (an endpoint's requests).
  *
  * Every index is checked: a malformed result raises Strobe::ProfileError.
  * GVL held; not signal-safe. Linear in the samples, in C.
@@ -22,18 +29,28 @@
 #define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
 
 typedef struct {
+    uint32_t thread;         /* position in thread_ids */
+    int64_t from, to;
+    int64_t reach;           /* the latest `to` of its thread's windows up to it */
+} window_t;
+
+typedef struct {
     strobe_stack_table_t table;
     int table_ready;
     uint64_t *self;          /* per node, grown with the table */
     uint32_t self_capa;
     uint32_t *sample_nodes;  /* kept samples */
     int64_t *times;
-    uint16_t *threads;       /* all 0: the one thread */
+    uint16_t *threads;       /* kept samples' positions in thread_ids */
     uint8_t *states;         /* kept samples' GVL states */
     size_t kept, kept_capa;
-    VALUE result, tid;
-    int window;              /* only samples taken from..to */
-    int64_t from, to;
+    VALUE result;
+    VALUE thread_ids;        /* the windows' threads, in order of first mention */
+    VALUE position;          /* thread id -> position in thread_ids */
+    window_t *windows;       /* by thread, then start */
+    size_t *first;           /* per thread: its first window (threads + 1) */
+    size_t windows_len;
+    int timed;               /* a window is bounded: the samples need times */
 } subset_t;
 
 static void *
@@ -60,7 +77,7 @@ array_key(VALUE hash, const char *name)
 
 
 static void
-keep(subset_t *s, uint32_t node, int64_t time, uint8_t state)
+keep(subset_t *s, uint32_t node, int64_t time, uint16_t thread, uint8_t state)
 {
     if (s->kept == s->kept_capa) {
         s->kept_capa = s->kept_capa ? s->kept_capa * 2 : 1024;
@@ -71,7 +88,7 @@ keep(subset_t *s, uint32_t node, int64_t time, uint8_t state)
     }
     s->sample_nodes[s->kept] = node;
     s->times[s->kept] = time;
-    s->threads[s->kept] = 0;
+    s->threads[s->kept] = thread;
     s->states[s->kept] = state;
     s->kept++;
     if (node >= s->self_capa) {
@@ -84,8 +101,23 @@ keep(subset_t *s, uint32_t node, int64_t time, uint8_t state)
     s->self[node]++;
 }
 
-/* The markers of result on s's thread (overlapping the window, when one is
- * given) into out; other threads' are left out, as their samples are. */
+/* Whether a window of thread position t holds time x. */
+static int
+in_window(const subset_t *s, uint32_t t, int64_t x)
+{
+    size_t lo = s->first[t], hi = s->first[t + 1];
+    while (lo < hi) { /* the first window that starts after x */
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->windows[mid].from <= x) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t i = lo; i > s->first[t] && s->windows[i - 1].reach >= x; i--)
+        if (s->windows[i - 1].to >= x) return 1;
+    return 0;
+}
+
+/* The markers of result on the windows' threads that overlap one of their
+ * windows into out; other threads' are left out, as their samples are. */
 static void
 subset_markers(const subset_t *s, VALUE result, VALUE out)
 {
@@ -95,14 +127,18 @@ subset_markers(const subset_t *s, VALUE result, VALUE out)
     VALUE kept = rb_ary_new();
     for (long i = 0; i < RARRAY_LEN(markers); i++) {
         VALUE m = RARRAY_AREF(markers, i);
-        if (!RB_TYPE_P(m, T_HASH) || !rb_eql(key(m, "thread"), s->tid)) continue;
-        if (s->window) {
-            VALUE b = key(m, "start"), e = key(m, "end");
-            if (!FIXNUM_P(b)) continue;
-            long start = FIX2LONG(b), end = FIXNUM_P(e) ? FIX2LONG(e) : start;
-            if (end < s->from || start > s->to) continue;
-        }
-        rb_ary_push(kept, m);
+        if (!RB_TYPE_P(m, T_HASH)) continue;
+        VALUE at = rb_hash_lookup2(s->position, key(m, "thread"), Qnil);
+        if (NIL_P(at)) continue;
+        VALUE b = key(m, "start"), e = key(m, "end");
+        if (!FIXNUM_P(b)) continue;
+        long start = FIX2LONG(b), end = FIXNUM_P(e) ? FIX2LONG(e) : start;
+        /* overlapping a window: one that starts by its end and ends after its start */
+        int overlaps = 0;
+        size_t from = s->first[FIX2LONG(at)], to = s->first[FIX2LONG(at) + 1];
+        for (size_t w = from; w < to && !overlaps && s->windows[w].from <= end; w++)
+            overlaps = s->windows[w].to >= start;
+        if (overlaps) rb_ary_push(kept, m);
     }
     if (RARRAY_LEN(kept)) rb_hash_aset(out, strobe_sym("markers"), kept);
 }
@@ -124,11 +160,12 @@ subset_body(VALUE arg)
     VALUE states = key(result, "raw_sample_states");
     int has_states = RB_TYPE_P(states, T_ARRAY);
     if (has_states && RARRAY_LEN(states) != n) CORRUPT("raw_sample_states does not match raw_sample_threads");
-    if (s->window && !has_times) rb_raise(rb_eArgError, "a time window needs raw_sample_timestamps");
+    if (s->timed && !has_times) rb_raise(rb_eArgError, "a time window needs raw_sample_timestamps");
 
     strobe_stack_table_init(&s->table);
     s->table_ready = 1;
-    long sample = 0;
+    long sample = 0, thread = -1;
+    VALUE last_tid = Qundef;
     for (long i = 0; i < raw_len;) {
         long depth = strobe_fixnum_at(raw, i, "raw");
         /* Written so that no huge value can overflow the checks. */
@@ -138,11 +175,15 @@ subset_body(VALUE arg)
         uint32_t node = 0;
         int interned = 0;
         for (long k = sample; k < sample + count; k++) {
-            if (!rb_eql(RARRAY_AREF(sample_threads, k), s->tid)) continue;
-            if (s->window) {
-                long stamp = strobe_fixnum_at(stamps, k, "raw_sample_timestamps");
-                if (stamp < s->from || stamp > s->to) continue;
+            VALUE tid = RARRAY_AREF(sample_threads, k);
+            if (tid != last_tid) {
+                VALUE at = rb_hash_lookup2(s->position, tid, Qnil);
+                thread = NIL_P(at) ? -1 : FIX2LONG(at);
+                last_tid = tid;
             }
+            if (thread < 0) continue;
+            if (!in_window(s, (uint32_t)thread, has_times ? strobe_fixnum_at(stamps, k, "raw_sample_timestamps") : 0))
+                continue;
             if (!interned) { /* root first, as raw lists it */
                 for (long d = 1; d <= depth; d++) {
                     VALUE id = RARRAY_AREF(raw, i + d);
@@ -159,14 +200,16 @@ subset_body(VALUE arg)
             int state = STROBE_STATE_UNKNOWN;
             if (has_states && !NIL_P(RARRAY_AREF(states, k)) && (state = strobe_state_of(RARRAY_AREF(states, k))) < 0)
                 CORRUPT("raw_sample_states[%ld] is not a thread state", k);
-            if (node) keep(s, node, has_times ? strobe_fixnum_at(stamps, k, "raw_sample_timestamps") : 0, (uint8_t)state);
+            if (node)
+                keep(s, node, has_times ? strobe_fixnum_at(stamps, k, "raw_sample_timestamps") : 0, (uint16_t)thread,
+                     (uint8_t)state);
         }
         sample += count;
         i += depth + 2;
     }
     if (sample != n) CORRUPT("raw_sample_threads has more samples than raw");
 
-    /* The new result: the same keys, counts of this thread only. */
+    /* The new result: the same keys, counts of these threads only. */
     VALUE out = rb_hash_dup(result);
     const strobe_stack_table_t *st = &s->table;
     VALUE details = rb_ary_new_capa(st->frames_len), frame_ids = rb_ary_new_capa(st->frames_len);
@@ -203,12 +246,15 @@ subset_body(VALUE arg)
     rb_hash_aset(out, strobe_sym("samples"), ULL2NUM(s->kept));
     rb_hash_aset(out, strobe_sym("gc_samples"), ULL2NUM(gc));
     rb_hash_aset(out, strobe_sym("missed_samples"), INT2FIX(0)); /* not attributable to a thread */
-    rb_hash_aset(out, strobe_sym("thread"), s->tid);
+    rb_hash_delete(out, strobe_sym("thread"));
+    if (RARRAY_LEN(s->thread_ids) == 1) rb_hash_aset(out, strobe_sym("thread"), RARRAY_AREF(s->thread_ids, 0));
 
-    VALUE threads = key(result, "threads"), info = Qnil;
-    if (RB_TYPE_P(threads, T_HASH)) info = rb_hash_aref(threads, s->tid);
+    VALUE threads = key(result, "threads");
     VALUE out_threads = rb_hash_new();
-    rb_hash_aset(out_threads, s->tid, NIL_P(info) ? rb_hash_new() : info);
+    for (long t = 0; t < RARRAY_LEN(s->thread_ids); t++) {
+        VALUE tid = RARRAY_AREF(s->thread_ids, t), info = RB_TYPE_P(threads, T_HASH) ? rb_hash_aref(threads, tid) : Qnil;
+        rb_hash_aset(out_threads, tid, NIL_P(info) ? rb_hash_new() : info);
+    }
     rb_hash_aset(out, strobe_sym("threads"), out_threads);
     subset_markers(s, result, out);
 
@@ -218,9 +264,8 @@ subset_body(VALUE arg)
         if (__builtin_sub_overflow(strobe_fixnum_at(stamps, 0, "raw_sample_timestamps"),
                                    strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas"), &start))
             CORRUPT("raw_timestamp_deltas[0] is out of range");
-    VALUE thread_ids = rb_ary_new_from_args(1, s->tid);
     strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes, has_times ? s->times : NULL,
-                       thread_ids, s->threads, has_states ? (s->states ? s->states : (uint8_t *)"") : NULL,
+                       s->thread_ids, s->threads, has_states ? (s->states ? s->states : (uint8_t *)"") : NULL,
                        start, frame_ids);
     if (!has_times) {
         rb_hash_delete(out, strobe_sym("raw_sample_timestamps"));
@@ -239,7 +284,88 @@ subset_free(VALUE arg)
     free(s->times);
     free(s->threads);
     free(s->states);
+    free(s->windows);
+    free(s->first);
     return Qnil;
+}
+
+static int
+by_thread_then_start(const void *a, const void *b)
+{
+    const window_t *x = a, *y = b;
+    if (x->thread != y->thread) return x->thread < y->thread ? -1 : 1;
+    return (x->from > y->from) - (x->from < y->from);
+}
+
+/* A bound of a window: an Integer, or nil for none (unbounded). */
+static int64_t
+bound(VALUE v, int64_t none, int *timed)
+{
+    if (NIL_P(v)) return none;
+    *timed = 1;
+    return NUM2LL(v);
+}
+
+/* s's windows from an Array of [thread_id, from, to]; sorted per thread,
+ * with each one's reach. */
+static void
+read_windows(subset_t *s, VALUE windows)
+{
+    Check_Type(windows, T_ARRAY);
+    long n = RARRAY_LEN(windows);
+    s->thread_ids = rb_ary_new();
+    s->position = rb_hash_new();
+    s->windows = malloc((n ? (size_t)n : 1) * sizeof(window_t));
+    if (!s->windows) rb_memerror();
+    for (long i = 0; i < n; i++) {
+        VALUE w = RARRAY_AREF(windows, i);
+        if (!RB_TYPE_P(w, T_ARRAY) || RARRAY_LEN(w) != 3)
+            rb_raise(rb_eArgError, "a window is [thread_id, from, to], got %+"PRIsVALUE, w);
+        VALUE tid = RARRAY_AREF(w, 0), at = rb_hash_lookup2(s->position, tid, Qnil);
+        if (NIL_P(at)) {
+            if (RARRAY_LEN(s->thread_ids) > UINT16_MAX) rb_raise(rb_eArgError, "too many threads");
+            at = LONG2FIX(RARRAY_LEN(s->thread_ids));
+            rb_hash_aset(s->position, tid, at);
+            rb_ary_push(s->thread_ids, tid);
+        }
+        window_t *win = &s->windows[s->windows_len];
+        win->thread = (uint32_t)FIX2LONG(at);
+        win->from = bound(RARRAY_AREF(w, 1), INT64_MIN, &s->timed);
+        win->to = bound(RARRAY_AREF(w, 2), INT64_MAX, &s->timed);
+        if (win->to >= win->from) s->windows_len++; /* (an empty one holds nothing) */
+    }
+    qsort(s->windows, s->windows_len, sizeof(window_t), by_thread_then_start);
+    long threads = RARRAY_LEN(s->thread_ids);
+    s->first = calloc((size_t)threads + 1, sizeof(size_t));
+    if (!s->first) rb_memerror();
+    for (size_t i = 0; i < s->windows_len; i++) {
+        window_t *win = &s->windows[i];
+        s->first[win->thread + 1]++;
+        win->reach = i && s->windows[i - 1].thread == win->thread && s->windows[i - 1].reach > win->to
+                         ? s->windows[i - 1].reach : win->to;
+    }
+    for (long t = 0; t < threads; t++) s->first[t + 1] += s->first[t];
+}
+
+static VALUE
+windows_body(VALUE arg)
+{
+    subset_t *s = (subset_t *)arg;
+    read_windows(s, s->thread_ids);
+    return subset_body(arg);
+}
+
+static VALUE
+run_subset(VALUE result, VALUE windows)
+{
+    Check_Type(result, T_HASH);
+    subset_t s;
+    memset(&s, 0, sizeof(s));
+    s.result = result;
+    s.thread_ids = windows; /* (read_windows replaces it) */
+    VALUE out = rb_ensure(windows_body, (VALUE)&s, subset_free, (VALUE)&s);
+    RB_GC_GUARD(windows);
+    return out;
 }
 
 /* Strobe::Native.thread_subset(result, thread_id, from = nil, to = nil)
@@ -247,23 +373,26 @@ subset_free(VALUE arg)
 static VALUE
 native_thread_subset(int argc, VALUE *argv, VALUE self)
 {
+    (void)self;
     VALUE result, tid, from, to;
     rb_scan_args(argc, argv, "22", &result, &tid, &from, &to);
-    Check_Type(result, T_HASH);
-    subset_t s;
-    memset(&s, 0, sizeof(s));
-    s.result = result;
-    s.tid = tid;
-    if (!NIL_P(from) || !NIL_P(to)) {
-        s.window = 1;
-        s.from = NIL_P(from) ? INT64_MIN : NUM2LL(from);
-        s.to = NIL_P(to) ? INT64_MAX : NUM2LL(to);
-    }
-    return rb_ensure(subset_body, (VALUE)&s, subset_free, (VALUE)&s);
+    if (!NIL_P(from)) NUM2LL(from);
+    if (!NIL_P(to)) NUM2LL(to);
+    return run_subset(result, rb_ary_new_from_args(1, rb_ary_new_from_args(3, tid, from, to)));
+}
+
+/* Strobe::Native.windows_subset(result, [[thread_id, from, to], ...]) ->
+ * the samples each window's thread took from..to (nil: unbounded). */
+static VALUE
+native_windows_subset(VALUE self, VALUE result, VALUE windows)
+{
+    (void)self;
+    return run_subset(result, windows);
 }
 
 void
 strobe_subset_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "thread_subset", native_thread_subset, -1);
+    rb_define_singleton_method(mNative, "windows_subset", native_windows_subset, 2);
 }

@@ -334,7 +334,7 @@ module Strobe
     }.freeze
 
     public def report_command(args)
-      settings = { limit: nil, sort_by_total: false, thread: nil, format: nil, filters: {}, node_fraction: 0.005 }
+      settings = { limit: nil, sort_by_total: false, thread: nil, endpoint: nil, format: nil, filters: {}, node_fraction: 0.005 }
       report_parser(settings).parse!(args)
       raise UsageError, "report: no FILE given (see strobe report --help)" if args.empty?
 
@@ -362,6 +362,10 @@ module Strobe
         filter_options(parser, settings)
         parser.on("--thread ID", Integer, "Only the samples of thread ID (a key of the profile's threads; needs --raw)") do |id|
           settings[:thread] = id
+        end
+        parser.on("--endpoint NAME", "Only the samples taken serving requests to NAME (Strobe::Middleware's endpoints: " \
+                                     "PostsController#index, or GET /posts; needs --raw)") do |name|
+          settings[:endpoint] = name
         end
         parser.on("--walk", "With --method: then choose a caller or callee to show next, and so on") do
           settings[:walk] = true
@@ -421,7 +425,7 @@ module Strobe
     end
 
     # Loads, merges and reports; returns the exit status.
-    def print_report(paths, limit:, sort_by_total:, thread: nil, format: nil, format_arg: nil, filters: {},
+    def print_report(paths, limit:, sort_by_total:, thread: nil, endpoint: nil, format: nil, format_arg: nil, filters: {},
                      node_fraction: 0.005, out: nil, marshal: false, walk: false)
       raise UsageError, "report: --walk goes with --method NAME" if walk && format != :method
 
@@ -435,7 +439,7 @@ module Strobe
 
       begin
         result = Merge.results(results, paths)
-        report = Report.new(result, thread: thread, **filters)
+        report = Report.new(result, thread: thread, endpoint: endpoint, **filters)
         write_report(out) do |io|
           if walk
             report.walk_method(@in, io, method_pattern(format_arg))

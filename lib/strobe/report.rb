@@ -73,8 +73,11 @@ module Strobe
     private_class_method :utf8_text
 
     # thread: a thread id (a key of result[:threads]) restricts the report to
-    # that thread's samples; it needs the per-sample data of raw: true.
-    def initialize(result, thread: nil, **filters)
+    # that thread's samples; endpoint: a request endpoint (the middleware's
+    # request markers: "PostsController#index", or "GET /posts") to the
+    # samples of the threads serving those requests while they did. Both
+    # need the per-sample data of raw: true.
+    def initialize(result, thread: nil, endpoint: nil, **filters)
       unless result.is_a?(Hash) && (result[:frames].nil? || result[:frames].is_a?(Hash))
         raise ArgumentError, "not a Strobe result: expected a Hash with a :frames Hash, got #{result.class}"
       end
@@ -82,6 +85,7 @@ module Strobe
       raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')}" unless unknown.empty?
 
       @result = thread.nil? ? result : self.class.thread_result(result, thread)
+      @result = self.class.endpoint_result(@result, endpoint) unless endpoint.nil?
       @result = @result.merge(frames: {}) if @result[:frames].nil?
       @filters = filters.transform_values { |v| Array(v) }.reject { |_, v| v.empty? }
     end
@@ -98,6 +102,33 @@ module Strobe
       end
 
       Native.thread_subset(result, thread)
+    end
+
+    # The samples a result's threads took while serving requests to
+    # endpoint (derived in C from raw data and the request markers).
+    def self.endpoint_result(result, endpoint)
+      requests = Array(result[:markers]).select do |m|
+        m.is_a?(Hash) && m[:type].to_s == "request" && m[:start].is_a?(Integer) && m[:end].is_a?(Integer)
+      end
+      endpoints = requests.map { |m| request_endpoint(m) }
+      windows = requests.zip(endpoints).filter_map { |m, e| [m[:thread], m[:start], m[:end]] if e == endpoint }
+      if windows.empty?
+        known = endpoints.tally.sort_by { |e, n| [-n, e.to_s] }.first(10).map(&:first)
+        known = known.empty? ? "none: it was not profiled by Strobe::Middleware" : known.join(", ")
+        raise ArgumentError, printable("no request to endpoint #{endpoint.inspect} in this profile (endpoints: #{known})")
+      end
+      unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array) && result[:raw_sample_timestamps].is_a?(Array)
+        raise ArgumentError, "a report for one endpoint needs per-sample data: profile with raw: true (strobe run --raw)"
+      end
+
+      Native.windows_subset(result, windows)
+    end
+
+    # A request marker's endpoint, as pprof's endpoint label has it.
+    def self.request_endpoint(marker)
+      data = marker[:data]
+      endpoint = data[:endpoint] if data.is_a?(Hash)
+      endpoint.is_a?(String) ? endpoint : marker[:name]
     end
 
     attr_reader :result
