@@ -149,6 +149,31 @@ class TestMiddleware < Minitest::Test
     assert_match(/No samples of this request were taken \(sampling cpu at 1000000 µs\)/, short.body)
   end
 
+  def child_page_work(seconds) = burn_cpu(seconds)
+
+  # A request's own profile holds the threads its code starts too (Ruby
+  # 3.2+, where they inherit its scope), each a track of its own.
+  def test_a_request_profile_holds_the_threads_it_starts
+    inner = lambda do |_env|
+      Thread.new { child_page_work(0.05) }.join
+      page_work(0.02)
+      [200, {}, ["ok"]]
+    end
+    mw = Strobe::Middleware.new(inner, permit: ->(_) { true }, mode: :cpu, interval: 1000)
+    _, _, body = mw.call(Rack::MockRequest.env_for("/page?strobe=1&strobe_format=json"))
+    Dir.mktmpdir do |dir|
+      File.binwrite(File.join(dir, "p.json"), body.join)
+      result = Strobe.load(File.join(dir, "p.json"))
+      names = result[:frames].values.map { |f| f[:name] }
+      if Fiber.respond_to?(:[])
+        assert_includes names, "TestMiddleware#child_page_work"
+        assert_equal 2, result[:threads].size, "the request's thread and the one it started"
+      else
+        refute_includes names, "TestMiddleware#child_page_work", "Ruby 3.1: threads inherit no scope"
+      end
+    end
+  end
+
   # ?strobe=1&strobe_format=...: the request's own profile as a file of
   # that format, to download; an unknown format is refused before the
   # application runs.

@@ -228,28 +228,42 @@ strobe_sampler_add_marker(strobe_marker_t *m)
  * 3.2+: Thread.new copies it), under Native::SCOPE_KEY, and pauses with it. */
 
 /* GVL held (every scope call runs Ruby's side of a request): the last
- * scope number given out, and the scopes open now. */
+ * scope number given out, and the scopes open now, each with the threads
+ * its code started (the first STROBE_SCOPE_CHILDREN: their ids in a
+ * result, for the request's own profile). */
 #define STROBE_OPEN_SCOPES 4096
+#define STROBE_SCOPE_CHILDREN 32
+typedef struct {
+    long id;
+    int children;
+    pid_t child[STROBE_SCOPE_CHILDREN];
+} open_scope_t;
 static long scopes_made;
-static long open_scopes[STROBE_OPEN_SCOPES];
+static open_scope_t open_scopes[STROBE_OPEN_SCOPES];
 static int open_scopes_len;
 
-static int
+static open_scope_t *
 scope_open(long id)
 {
     for (int i = 0; i < open_scopes_len; i++)
-        if (open_scopes[i] == id) return 1;
-    return 0;
+        if (open_scopes[i].id == id) return &open_scopes[i];
+    return NULL;
 }
 
 static void
 scope_close(long id)
 {
-    for (int i = 0; i < open_scopes_len; i++) {
-        if (open_scopes[i] != id) continue;
-        open_scopes[i] = open_scopes[--open_scopes_len];
-        return;
-    }
+    open_scope_t *o = scope_open(id);
+    if (o) *o = open_scopes[--open_scopes_len];
+}
+
+int
+strobe_sampler_scope_threads(long id, pid_t *out, int max)
+{
+    const open_scope_t *o = scope_open(id);
+    int n = 0;
+    for (int i = 0; o && i < o->children && n < max; i++) out[n++] = o->child[i];
+    return n;
 }
 
 static int
@@ -344,9 +358,11 @@ inherit_scope(VALUE thread)
     strobe_thread_t *t = register_current(thread);
     if (!t) return;
     strobe_threads_lock();
-    if (scope_open(FIX2LONG(id))) {
+    open_scope_t *o = scope_open(FIX2LONG(id));
+    if (o) {
         atomic_store(&t->paused, 1); /* a fresh entry: resumed with fresh counts */
         resume_locked(t, FIX2LONG(id));
+        if (o->children < STROBE_SCOPE_CHILDREN) o->child[o->children++] = atomic_load(&t->tid);
     } else {
         pause_locked(t);
     }
@@ -361,7 +377,8 @@ strobe_sampler_scope_enter(void)
     if (!t) t = register_current(rb_thread_current());
     if (!t) return 0;
     long id = ++scopes_made;
-    if (open_scopes_len < STROBE_OPEN_SCOPES) open_scopes[open_scopes_len++] = id; /* else its threads' own are not */
+    if (open_scopes_len < STROBE_OPEN_SCOPES) /* else its threads' own are not */
+        open_scopes[open_scopes_len++] = (open_scope_t){ .id = id, .children = 0 };
     strobe_threads_lock();
     if (t->scope_depth++ == 0) atomic_store(&t->paused, 1); /* (resumed with fresh counts) */
     resume_locked(t, id);

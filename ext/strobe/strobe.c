@@ -318,6 +318,19 @@ native_scope_leave(VALUE self, VALUE id)
     return Qnil;
 }
 
+/* Strobe::Native.scope_threads(id) -> the ids of the threads open scope
+ * id's code started (Ruby 3.2+; the first 32), as a result names them. */
+static VALUE
+native_scope_threads(VALUE self, VALUE id)
+{
+    (void)self;
+    pid_t tids[64];
+    int n = strobe_sampler_scope_threads(NUM2LONG(id), tids, 64);
+    VALUE list = rb_ary_new_capa(n);
+    for (int i = 0; i < n; i++) rb_ary_push(list, INT2NUM(tids[i]));
+    return list;
+}
+
 /* Strobe::Native.close_in_children(fd): forked children replace fd by
  * /dev/null as they start (strobe serve's listening socket); nil: none
  * any more (the socket was closed, and a file may get its number). */
@@ -375,6 +388,7 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "exclude_current_thread", native_exclude_current_thread, 0);
     rb_define_singleton_method(mNative, "scope_enter", native_scope_enter, 0);
     rb_define_singleton_method(mNative, "scope_leave", native_scope_leave, 1);
+    rb_define_singleton_method(mNative, "scope_threads", native_scope_threads, 1);
     rb_define_const(mNative, "SCOPE_KEY", strobe_sampler_scope_key());
     rb_define_singleton_method(mNative, "close_in_children", native_close_in_children, 1);
     /* Signal name for Signal.trap / Process.kill (tests deliver it). */

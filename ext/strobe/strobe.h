@@ -559,6 +559,9 @@ long strobe_sampler_scope_enter(void);
 /* GVL held: the threads scope id started are no longer sampled (paused,
  * their samples kept), nor the calling thread once its last scope ends. */
 void strobe_sampler_scope_leave(long id);
+/* GVL held: the ids (kernel tids) of up to max threads that open scope id's
+ * code started, into out; returns how many. */
+int strobe_sampler_scope_threads(long id, pid_t *out, int max);
 /* The Fiber storage key (a Symbol) a scope is inherited by. */
 VALUE strobe_sampler_scope_key(void);
 /* GVL held: marker m on the calling thread if it is sampled now (see

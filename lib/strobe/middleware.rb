@@ -42,7 +42,8 @@ module Strobe
   #                 middleware's own (what it raises is reported once)
   #   permit:       a proc given the env: a request it permits that asks
   #                 with ?strobe=1 is answered with its HTML flamegraph
-  #                 instead of the page: the samples of its own thread while
+  #                 instead of the page: the samples of its own thread
+  #                 (and on Ruby 3.2+ of the threads its code starts) while
   #                 the application handled it, nothing of other requests
   #                 (profiles are then kept raw: the flamegraph is cut
   #                 from them). Not under a fiber scheduler (Falcon), whose
@@ -370,13 +371,14 @@ module Strobe
         warn_once "cannot profile this request: another profile is running"
         return @app.call(env)
       end
-      thread = Thread.current.native_thread_id
+      threads = [Thread.current.native_thread_id]
       from = Native.now_us
       begin
         scope = enter_scope
         response = @app.call(env)
         to = Native.now_us
         mark_request(env, from, response)
+        threads.concat(Native.scope_threads(scope[0])) if scope # those its code started
         snapshot = Strobe.snapshot
       ensure
         leave_scope(scope) if scope
@@ -384,7 +386,7 @@ module Strobe
       end
       response[2].close if response[2].respond_to?(:close)
       title = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']} (Strobe)"
-      result = request_samples(snapshot, thread, from, to)
+      result = request_samples(snapshot, threads, from, to)
       return export_response(result, format) if result && format
 
       [200, { "Content-Type" => "text/html; charset=utf-8", "Cache-Control" => "no-store" },
@@ -413,13 +415,15 @@ module Strobe
       Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
-    # The samples of one thread from..to, or nil when there are none (or
-    # the thread cannot be told apart: Ruby's M:N threads share native ones).
-    def request_samples(snapshot, thread, from, to)
-      info = snapshot && snapshot[:threads]&.fetch(thread, nil)
+    # The samples of the request's threads (its own, then those its code
+    # started) from..to, or nil when there are none (or its thread cannot
+    # be told apart: Ruby's M:N threads share native ones).
+    def request_samples(snapshot, threads, from, to)
+      info = snapshot && snapshot[:threads]&.fetch(threads.first, nil)
       return nil unless info && !info[:mn] && snapshot[:raw]
 
-      result = Native.thread_subset(snapshot, thread, from, to)
+      result = Native.windows_subset(snapshot, threads.uniq.map { |thread| [thread, from, to] })
+      result[:threads].select! { |id, _| id == threads.first || result[:raw_sample_threads].include?(id) }
       result[:samples].positive? ? result : nil
     end
 
