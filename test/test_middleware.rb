@@ -493,7 +493,8 @@ class TestMiddleware < Minitest::Test
     page = result[:frames].values.find { |f| f[:name] == "TestMiddleware#page_work" }
     assert_operator page&.fetch(:total_samples).to_i, :>=, 6, "about 12 expected"
     # Every interval used is a sample or counted missed, but for fewer than
-    # three owed at the end: the CPU owed as a request ends is kept whole.
+    # three owed at the end: what a request owes as it ends (the interval
+    # the timer lags by, the rest) is carried into the next request.
     assert_operator result[:samples] + result[:missed_samples], :>=, (used / 0.01).floor - 2,
                     "#{result[:samples]} samples, #{result[:missed_samples]} missed, #{(used * 1000).round} ms used"
   end

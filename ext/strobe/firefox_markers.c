@@ -123,9 +123,38 @@ kind_of(VALUE v)
     return -1;
 }
 
+/* Keys the profiler reads from a marker's data itself (its schema, a
+ * backtrace, window and navigation lines, file I/O threads). */
+static int
+reserved(VALUE key)
+{
+    static const char *const names[] = { "type", "category", "cause", "innerWindowID", "stack", "threadId" };
+    VALUE str = rb_sym2str(key);
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if ((size_t)RSTRING_LEN(str) == strlen(names[i]) && !memcmp(RSTRING_PTR(str), names[i], strlen(names[i])))
+            return 1;
+    return 0;
+}
+
+/* Whether data also holds key's written name (a reserved key + "_"): then
+ * the reserved key is left out, rather than write that name twice. */
+static int
+shadowed(VALUE data, VALUE key)
+{
+    if (!reserved(key)) return 0;
+    VALUE str = rb_sym2str(key);
+    char name[32];
+    long len = RSTRING_LEN(str);
+    if (len + 1 > (long)sizeof(name)) return 0;
+    memcpy(name, RSTRING_PTR(str), (size_t)len);
+    name[len] = '_';
+    ID id = rb_check_id_cstr(name, len + 1, rb_utf8_encoding());
+    return id && rb_hash_lookup2(data, ID2SYM(id), Qundef) != Qundef;
+}
+
 struct field_scan {
     schema_t *schema;
-    VALUE list;
+    VALUE list, data;
     int bad;
 };
 
@@ -138,6 +167,7 @@ scan_field(VALUE key, VALUE value, VALUE arg)
         fs->bad = 1;
         return ST_STOP;
     }
+    if (shadowed(fs->data, key)) return ST_CONTINUE;
     schema_t *sc = fs->schema;
     int i = 0;
     while (i < sc->fields && sc->key[i] != key) i++;
@@ -214,7 +244,7 @@ strobe_ff_markers_read(strobe_ff_markers_t *m, report_t *r, const strobe_samples
                  (NIL_P(end) || e->end_us >= e->start_us) && (NIL_P(data) || RB_TYPE_P(data, T_HASH));
         if (ok) {
             e->schema = schema_for(m, type);
-            struct field_scan fs = { &m->schemas[e->schema], m->list, 0 };
+            struct field_scan fs = { &m->schemas[e->schema], m->list, data, 0 };
             if (!NIL_P(data)) rb_hash_foreach(data, scan_field, (VALUE)&fs);
             ok = !fs.bad;
         }
@@ -242,19 +272,6 @@ strobe_ff_markers_read(strobe_ff_markers_t *m, report_t *r, const strobe_samples
 }
 
 /* ---- writing --------------------------------------------------------------- */
-
-/* Keys the profiler reads from a marker's data itself (its schema, a
- * backtrace, window and navigation lines, file I/O threads). */
-static int
-reserved(VALUE key)
-{
-    static const char *const names[] = { "type", "category", "cause", "innerWindowID", "stack", "threadId" };
-    VALUE str = rb_sym2str(key);
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if ((size_t)RSTRING_LEN(str) == strlen(names[i]) && !memcmp(RSTRING_PTR(str), names[i], strlen(names[i])))
-            return 1;
-    return 0;
-}
 
 /* A data key as written: itself, or with "_" after a reserved one. */
 static void
@@ -325,13 +342,14 @@ out_value(out_t *o, VALUE v, uint8_t kind)
 struct data_write {
     out_t *o;
     const schema_t *schema;
+    VALUE data;
 };
 
 static int
 write_field(VALUE key, VALUE value, VALUE arg)
 {
     const struct data_write *dw = (const struct data_write *)arg;
-    if (NIL_P(value)) return ST_CONTINUE; /* shown as missing */
+    if (NIL_P(value) || shadowed(dw->data, key)) return ST_CONTINUE; /* nil: shown as missing */
     const schema_t *sc = dw->schema;
     int kind = kind_of(value);
     for (int i = 0; i < sc->fields; i++) {
@@ -460,7 +478,7 @@ strobe_ff_markers_write_thread(out_t *o, const strobe_ff_markers_t *m, long t, s
         OUT_LIT(o, "{\"type\":");
         out_type(o, sc->type);
         if (RB_TYPE_P(data, T_HASH)) {
-            struct data_write dw = { o, sc };
+            struct data_write dw = { o, sc, data };
             rb_hash_foreach(data, write_field, (VALUE)&dw);
         }
         OUT_LIT(o, "}");

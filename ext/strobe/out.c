@@ -44,7 +44,9 @@ strobe_out_json_str(out_t *o, VALUE str)
 {
     static const char hex[] = "0123456789abcdef";
     if (!RB_TYPE_P(str, T_STRING)) str = NIL_P(str) ? rb_str_new(0, 0) : rb_obj_as_string(str);
-    str = strobe_utf8_of(str);
+    /* A frozen copy (sharing the bytes): writing may flush to the sink,
+     * whose #write (Ruby) may change or clear the String meanwhile. */
+    str = rb_str_new_frozen(strobe_utf8_of(str));
     const unsigned char *p = (const unsigned char *)RSTRING_PTR(str);
     long len = RSTRING_LEN(str), run = 0;
     out_mem(o, "\"", 1);

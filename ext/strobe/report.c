@@ -119,6 +119,10 @@ report_mark(void *ptr)
     if (r->out.sink) rb_gc_mark(r->out.sink);
     for (size_t i = 0; i < sizeof(r->pinned) / sizeof(r->pinned[0]); i++)
         if (r->pinned[i]) rb_gc_mark(r->pinned[i]);
+    /* pinned[2] is an Array whose elements C memory holds too (the Firefox
+     * export's marker types and keys): each one pinned, not just the Array. */
+    if (r->pinned[2] && RB_TYPE_P(r->pinned[2], T_ARRAY))
+        for (long i = 0; i < RARRAY_LEN(r->pinned[2]); i++) rb_gc_mark(RARRAY_AREF(r->pinned[2], i));
     if (r->samples_read) rb_gc_mark(r->samples_read->thread_ids);
     for (long i = 0; i < r->len; i++) {
         rb_gc_mark(r->frames[i].name);

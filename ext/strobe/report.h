@@ -87,7 +87,8 @@ typedef struct {
     void (*cleanup)(void *);  /* an export's own cleanup, run as the report is freed */
     void *cleanup_arg;
     VALUE pinned[3];         /* an export's own objects held in C memory: marked
-                              * (and so pinned) while it runs (0: none) */
+                              * (and so pinned) while it runs (0: none);
+                              * pinned[2] an Array whose elements are pinned too */
     VALUE holder;            /* GC-visible object marking the VALUEs above */
 } report_t;
 

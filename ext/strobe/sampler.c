@@ -294,9 +294,11 @@ strobe_sampler_sampled(const strobe_thread_t *t)
  * so a thread running flat out is seen about an interval late, and a tick
  * that wakes late finds the next interval used too. Cutting the debt to
  * one interval there lost the excess silently, tick after tick (4% of the
- * samples at 10 ms) and at every pause between requests (a quarter of a
- * short-request app's). As a thread pauses it is three: its next tick
- * takes one first. */
+ * samples at 10 ms), and at every pause between requests (a quarter of a
+ * short-request app's: its threshold is mostly crossed after a request's
+ * last tick). As a thread pauses it keeps two as well, the interval the
+ * timer lags by and the rest; more was used by the request that ends and
+ * would be charged to the next one's stack, so it is counted missed. */
 static void
 cpu_owed_at_most(strobe_thread_t *t, int64_t cpu, int64_t interval_ns, int64_t most)
 {
@@ -336,7 +338,7 @@ pause_locked(strobe_thread_t *t)
 {
     if (S.mode == STROBE_MODE_CPU) {
         int64_t cpu = strobe_placement_cpu_ns(t, 100);
-        if (cpu >= 0) cpu_owed_at_most(t, cpu, (int64_t)S.interval * 1000, 3);
+        if (cpu >= 0) cpu_owed_at_most(t, cpu, (int64_t)S.interval * 1000, 2);
         int64_t carry = cpu >= 0 ? cpu - t->cpu_last_ns : 0;
         t->cpu_carry_ns = carry < 0 ? 0 : carry;
     }
