@@ -98,12 +98,21 @@ class TestFlamegraph < Minitest::Test
     lane = Strobe::Flamegraph.new(Strobe::Report.new(with_markers)).data[:markers]
     assert_equal %w[request gc user request], lane[:type]
     assert_equal [10, 29, 69, 49], lane[:start], "samples before each start"
-    assert_equal [60, 34, nil, 79], lane[:end]
+    assert_equal [60, 35, nil, 80], lane[:end], "after the last sample by each end"
     assert_equal ["request on main, 50.000 ms", "method: GET", "status: 200", "tags: a, b"], lane[:detail][0]
     assert_equal ["user on main, an instant"], lane[:detail][2]
     assert_nil Strobe::Flamegraph.new(Strobe::Report.new(profile)).data[:markers]
     bad = with_markers.merge(markers: [{ type: :user, name: 1, start: 0 }])
     assert_raises(Strobe::ProfileError) { Strobe::Flamegraph.new(Strobe::Report.new(bad)).data }
+
+    # Two workers' profiles of the same time, merged: each one's markers
+    # among its own samples, where the merged timeline put them.
+    other = with_markers.merge(raw_sample_threads: [2] * 100, threads: { 2 => { name: "worker 2", samples: 100 } },
+                               markers: with_markers[:markers].map { |m| m.merge(thread: 2) })
+    merged = Strobe::Merge.results([with_markers, other])
+    lane = Strobe::Flamegraph.new(Strobe::Report.new(merged)).data[:markers]
+    assert_equal [10, 29, 69, 49, 110, 129, 169, 149], lane[:start]
+    assert_equal "request on worker 2, 50.000 ms", lane[:detail][4].first
   end
 
   # In Chromium: the lane is drawn under the timeline (overlapping requests

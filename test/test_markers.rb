@@ -219,7 +219,7 @@ class TestMarkers < Minitest::Test
     result = Timeout.timeout(10) { results.pop }
     requests = result[:markers].select { |m| m[:type] == :request }
     assert_equal ["GET /posts/1", "POST /posts", "GET /fail"], requests.map { |m| m[:name] }
-    assert_equal({ method: "GET", path: "/posts/1", status: 201, endpoint: "GET /posts/1" }, requests[0][:data])
+    assert_equal({ method: "GET", path: "/posts/1", status: 201, endpoint: "GET /posts/:id" }, requests[0][:data])
     assert_nil requests[2][:data][:status], "the application raised"
     requests.each { |m| assert_includes result[:threads].keys, m[:thread] }
     assert_operator requests[0][:end] - requests[0][:start], :>=, 5000
@@ -235,6 +235,14 @@ class TestMarkers < Minitest::Test
     assert_equal "PostsController#index", Strobe::Middleware.endpoint(env)
     assert_equal "GET /posts", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/posts?page=2"))
     assert_equal "GET /", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("").merge("PATH_INFO" => ""))
+    # ids and tokens are not endpoints (nor labels a profile store keeps)
+    { "/posts/42/comments/7" => "/posts/:id/comments/:id", "/v2/users" => "/v2/users",
+      "/reset/9f8e7d6c5b4a39281706f5e4d3c2b1a0" => "/reset/:id", "/u/123e4567-e89b-12d3-a456-426614174000" => "/u/:id",
+      "/t/abcDEF123ghiJKL456" => "/t/:id", "/assets/app.css" => "/assets/app.css", "/a/" => "/a/" }.each do |path, shape|
+      assert_equal "GET #{shape}", Strobe::Middleware.endpoint(Rack::MockRequest.env_for(path)), path
+    end
+    routed = Rack::MockRequest.env_for("/posts/5").merge("action_dispatch.route_uri_pattern" => "/posts/:id(.:format)")
+    assert_equal "GET /posts/:id(.:format)", Strobe::Middleware.endpoint(routed)
   end
 
   def test_a_one_thread_result_keeps_that_threads_markers

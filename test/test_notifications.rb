@@ -50,7 +50,7 @@ class TestNotifications < Minitest::Test
     assert_equal({ controller: "PostsController", action: "index", method: "GET", path: "/posts", status: 200, view_runtime: 1.5 },
                  action[:data], "the payload as it was when the event finished; no params or headers")
     assert_equal ["Post Load", { sql: "SELECT * FROM posts" }], [query[:name], query[:data]], "no binds"
-    assert_equal({ sql: "SELECT 1", cached: true }, cached[:data])
+    assert_equal({ sql: "SELECT ?", cached: true }, cached[:data], "literals as ?")
     assert_operator query[:end] - query[:start], :>=, 10_000
     assert_operator action[:start], :<=, query[:start]
     assert_operator action[:end], :>=, cached[:end]
@@ -65,13 +65,16 @@ class TestNotifications < Minitest::Test
       other = Thread.new { sleep 0.05; ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT other") { } }
       result = Strobe.run(mode: :wall, interval: 1000, threads: [Thread.current]) do
         ActiveSupport::Notifications.instrument("cache_read.active_support", key: ["posts", 1], hit: true) { }
-        ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT '" + "x" * 5000 + "'") { }
+        ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT " + "column_name, " * 500 + "x FROM t") { }
+        ActiveSupport::Notifications.instrument("render_partial.action_view", identifier: "/app/views/posts/_post.html.erb",
+                                                count: 3, locals: { secret: 1 }) { }
         other.join
       end
       puts JSON.generate(result[:markers].reject { |m| m[:type] == :gc })
     RUBY
-    cache, sql = markers
-    assert_equal 2, markers.size, "not the thread that is not profiled"
+    cache, sql, partial = markers
+    assert_equal 3, markers.size, "not the thread that is not profiled"
+    assert_equal ["_post.html.erb", { identifier: "/app/views/posts/_post.html.erb", count: 3 }], [partial[:name], partial[:data]]
     assert_equal ["read posts/1", { key: "posts/1", hit: true }], [cache[:name], cache[:data]]
     assert_equal Strobe::Notifications::TEXT_LIMIT + 1, sql[:data][:sql].length
     assert sql[:data][:sql].end_with?("…")
@@ -99,6 +102,39 @@ class TestNotifications < Minitest::Test
     assert_equal 1, markers.pop, "one subscription: the middleware that profiles"
     assert_equal [{ type: "request", name: "GET /posts" }, { type: "sql.active_record", name: "Post Load" }],
                  markers.sort_by { |m| m[:type] }
+  end
+
+  # What could hold people's data stays out: SQL literals (an adapter that
+  # inlines values), another event's texts; an odd event name still makes a
+  # marker that a profile file keeps; two subscriptions record once.
+  def test_values_stay_out_and_subscriptions_are_shared
+    out = run_app(<<~RUBY)
+      require "tmpdir"
+      first = Strobe::Notifications.subscribe(:sql, "Billing.charge", "deliver.action_mailer")
+      second = Strobe::Notifications.subscribe(:sql)
+      result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+        ActiveSupport::Notifications.instrument("sql.active_record", name: "User Create",
+            sql: "INSERT INTO users (email, password_digest, age) VALUES ('bob@example.com', '$2a$12$abc', 42)") { }
+        ActiveSupport::Notifications.instrument("Billing.charge", amount: 12.5, card: "4111 1111 1111 1111") { }
+        ActiveSupport::Notifications.instrument("deliver.action_mailer", mailer: "UserMailer", mail: "To: bob@example.com\n...",
+                                                to: ["bob@example.com"], perform_deliveries: true) { }
+        second.unsubscribe
+        ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT 1") { }
+        first.unsubscribe
+        ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT 2") { }
+      end
+      loaded = Dir.mktmpdir do |dir|
+        Strobe.save(result, File.join(dir, "p.json"))
+        Strobe.load(File.join(dir, "p.json"))
+      end
+      puts JSON.generate(loaded[:markers].reject { |m| m[:type] == :gc }.map { |m| m.slice(:type, :name, :data) })
+    RUBY
+    assert_equal [
+      { type: "sql.active_record", name: "User Create", data: { sql: "INSERT INTO users (email, password_digest, age) VALUES (?, ?, ?)" } },
+      { type: "billing.charge", name: "Billing.charge", data: { amount: 12.5 } },
+      { type: "deliver.action_mailer", name: "deliver.action_mailer", data: { mailer: "UserMailer", perform_deliveries: true } },
+      { type: "sql.active_record", name: "SQL", data: { sql: "SELECT ?" } },
+    ], out, "once each while subscribed twice, then once, then not at all"
   end
 
   def test_sets_are_checked

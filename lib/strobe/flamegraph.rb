@@ -56,24 +56,67 @@ module Strobe
     end
 
     # The result's markers for the lane under the timeline, as parallel
-    # arrays: type and name; start and end as positions on the timeline (the
-    # samples before that time, in time order; end nil for an instant); and
-    # the lines of each one's tooltip. nil without markers or sample times.
+    # arrays: type and name; start and end as positions on the timeline
+    # (see TimelinePlaces; end nil for an instant); and the lines of each
+    # one's tooltip. nil without markers or sample times.
     def markers
-      list, stamps = @report.result.values_at(:markers, :raw_sample_timestamps)
+      list, stamps, threads = @report.result.values_at(:markers, :raw_sample_timestamps, :raw_sample_threads)
       return nil unless list.is_a?(Array) && !list.empty? && stamps.is_a?(Array) && !stamps.empty?
       raise ProfileError, "markers is malformed" unless list.all? { |m| well_formed?(m) }
+      raise ProfileError, "raw_sample_timestamps is malformed" unless stamps.all?(Integer)
 
-      sorted = stamps.sort
-      position = ->(time) { sorted.bsearch_index { |s| s >= time } || sorted.size }
+      places = TimelinePlaces.new(stamps, threads.is_a?(Array) && threads.size == stamps.size ? threads : nil)
       {
         type: list.map { |m| m[:type].to_s }, name: list.map { |m| m[:name] },
-        start: list.map { |m| position.call(m[:start]) }, end: list.map { |m| m[:end] && position.call(m[:end]) },
+        start: list.map { |m| places.before(m[:thread], m[:start]) },
+        end: list.map { |m| m[:end] && places.after(m[:thread], m[:end]) },
         detail: list.map { |m| marker_detail(m) },
       }
     end
 
+    # Where times fall on the timeline, whose positions are the samples in
+    # their raw order: per thread, its samples' positions and their times'
+    # running maximum (a thread's samples are in time order within one
+    # profile; a merge puts each file's after the previous one's, so a
+    # marker lands among its own thread's samples, not by the clock alone).
+    # A marker of a thread without samples goes by all samples.
+    class TimelinePlaces
+      def initialize(stamps, threads)
+        @all = [stamps.each_index.to_a, running_max(stamps)]
+        @threads = {}
+        return unless threads
+
+        threads.each_with_index.group_by(&:first).each do |thread, pairs|
+          positions = pairs.map(&:last)
+          @threads[thread] = [positions, running_max(positions.map { |k| stamps[k] })]
+        end
+      end
+
+      # The position of thread's first sample at or after time.
+      def before(thread, time)
+        positions, times = @threads.fetch(thread, @all)
+        k = times.bsearch_index { |t| t >= time }
+        k ? positions[k] : positions.last + 1
+      end
+
+      # The position just after thread's last sample at or before time.
+      def after(thread, time)
+        positions, times = @threads.fetch(thread, @all)
+        k = times.bsearch_index { |t| t > time }
+        k ? positions[k] : positions.last + 1
+      end
+
+      private
+
+      def running_max(times)
+        max = -Float::INFINITY
+        times.map { |t| max = t if t > max; max }
+      end
+    end
+
     private
+
+    TOOLTIP_LINE = 300
 
     def well_formed?(marker)
       marker.is_a?(Hash) && marker[:name].is_a?(String) && marker[:start].is_a?(Integer) &&
@@ -87,11 +130,12 @@ module Strobe
       (marker[:data] || {}).each do |key, value|
         lines << "#{key}: #{value.is_a?(Array) ? value.join(', ') : value}" unless value.nil?
       end
-      lines
+      lines.map { |line| line.length > TOOLTIP_LINE ? "#{line[0, TOOLTIP_LINE]}…" : line }
     end
 
     def thread_name(id)
-      thread = (@report.result[:threads] || {})[id]
+      threads = @report.result[:threads]
+      thread = threads.is_a?(Hash) ? threads[id] : nil
       return "no thread" if id.nil?
       return thread[:name] if thread.is_a?(Hash) && thread[:name]
 

@@ -36,7 +36,18 @@ module Strobe
     # A marker on the calling thread (kept if it is sampled now), its name
     # and data made plain. Returns whether it was kept.
     def add(type, name, start, finish, data)
-      Native.marker_add(type, utf8(name.to_s), start, finish, plain_data(data))
+      Native.marker_add(type_of(type), utf8(name.to_s), start, finish, plain_data(data))
+    end
+
+    # type as a marker type a profile file keeps (TYPE): downcased, other
+    # characters as "_", at most 64 ("Billing.charge" :"billing.charge",
+    # "!render_template.action_view" :"_render_template.action_view").
+    def type_of(type)
+      return type if type.is_a?(Symbol) && type.match?(TYPE)
+
+      name = type.to_s.downcase.gsub(/[^a-z0-9_.]/, "_")
+      name = "_#{name}" unless name.match?(/\A[a-z_]/)
+      name[0, 64].to_sym
     end
 
     # data with Symbol keys and values that survive a profile file as they

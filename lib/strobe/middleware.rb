@@ -157,15 +157,26 @@ module Strobe
       end
     end
 
-    # What a request is in reports: Rails' Controller#action where Rails
-    # served it, else its method and path.
+    # What a request is in reports (the request marker's endpoint, pprof's
+    # endpoint label): Rails' Controller#action where Rails served it, else
+    # its method and route, or its path's shape (see path_shape).
     def self.endpoint(env)
       controller = env["action_controller.instance"]
-      if controller.respond_to?(:action_name) && controller.class.name
-        "#{controller.class.name}##{controller.action_name}"
-      else
-        "#{env['REQUEST_METHOD']} #{request_path(env)}"
-      end
+      return "#{controller.class.name}##{controller.action_name}" if controller.respond_to?(:action_name) && controller.class.name
+
+      route = env["action_dispatch.route_uri_pattern"] # Rails 7.1+, for a route to a Rack app
+      "#{env['REQUEST_METHOD']} #{route.is_a?(String) && !route.empty? ? route : path_shape(request_path(env))}"
+    end
+
+    # A path's shape for an endpoint: segments that look like ids or
+    # tokens (numbers, hex, UUIDs, long strings with digits) as ":id", so
+    # that one route is one endpoint and no token becomes a profile label.
+    def self.path_shape(path)
+      path.split("/", -1).map do |segment|
+        id = segment.match?(/\A\d+\z/) || segment.match?(/\A\h{8,}\z/) || segment.match?(/\A\h{8}-\h{4}-\h{4}-\h{4}-\h{12}\z/i) ||
+             (segment.length >= 16 && segment.match?(/\d/))
+        id ? ":id" : segment
+      end.join("/")
     end
 
     def self.request_path(env)

@@ -19,11 +19,15 @@ module Strobe
   # count), :cache (cache_read, cache_write and cache_fetch_hit
   # .active_support: key, hit); true for all four. Any other event name
   # (a String such as "deliver.action_mailer") is recorded with the
-  # payload's plain values (Strings, numbers, true, false, Symbols).
+  # payload's numbers, true and false, Symbols, and the short Strings of
+  # keys that name things (SAFE_KEYS), not its other texts (a mail's body,
+  # addresses).
   #
-  # SQL is recorded as ActiveRecord hands it over, without bind values but
-  # with whatever literals the query itself holds; long texts are cut at
-  # TEXT_LIMIT characters.
+  # SQL is recorded in its shape: without bind values, and with its string
+  # and number literals as ? (adapters that inline values, such as mysql2
+  # and trilogy by default, would otherwise put them in the profile). Long
+  # texts are cut at TEXT_LIMIT characters. Subscriptions to an event are
+  # shared: two middlewares asking for :sql record each query once.
   module Notifications
     SETS = {
       sql: %w[sql.active_record],
@@ -32,6 +36,14 @@ module Strobe
       cache: %w[cache_read.active_support cache_write.active_support cache_fetch_hit.active_support],
     }.freeze
     TEXT_LIMIT = 4000
+    # Keys of another event's payload whose short Strings are kept.
+    SAFE_KEYS = %i[name class controller action method format mailer action_name job_class queue_name adapter status
+                   exception_class].freeze
+    SAFE_TEXT_LIMIT = 200
+
+    # Listeners by event name, each with how many subscriptions hold it.
+    @listeners = {}
+    @lock = Mutex.new
 
     module_function
 
@@ -45,7 +57,26 @@ module Strobe
       rescue LoadError
         raise ArgumentError, "notifications need ActiveSupport::Notifications (the activesupport gem), which is not installed"
       end
-      Subscription.new(events.map { |event| ActiveSupport::Notifications.subscribe(event, Listener.new(event)) })
+      events.each { |event| hold(event) }
+      Subscription.new(events)
+    end
+
+    # One ActiveSupport subscription per event, however many ask for it.
+    def hold(event)
+      @lock.synchronize do
+        entry = (@listeners[event] ||= [ActiveSupport::Notifications.subscribe(event, Listener.new(event)), 0])
+        entry[1] += 1
+      end
+    end
+
+    def release(event)
+      @lock.synchronize do
+        entry = @listeners[event] or return
+        next unless (entry[1] -= 1).zero?
+
+        ActiveSupport::Notifications.unsubscribe(entry[0])
+        @listeners.delete(event)
+      end
     end
 
     # The event names sets stand for; ArgumentError naming what is unknown.
@@ -64,13 +95,13 @@ module Strobe
 
     # What a subscription to sets holds, to end it.
     class Subscription
-      def initialize(subscribers)
-        @subscribers = subscribers
+      def initialize(events)
+        @events = events
       end
 
       def unsubscribe
-        @subscribers.each { |s| ActiveSupport::Notifications.unsubscribe(s) }
-        @subscribers = []
+        @events.each { |event| Notifications.release(event) }
+        @events = []
         nil
       end
     end
@@ -79,14 +110,20 @@ module Strobe
     # of the event, nested events in order, so the starts wait on a stack of
     # that fiber's.
     class Listener
+      # Starts a fiber keeps waiting at most (an event whose finish never
+      # comes: another subscriber's start raised, which ends the event).
+      MAX_OPEN = 256
+
       def initialize(event)
         @event = event
-        @type = event.to_sym
+        @type = Markers.type_of(event)
         @key = :"__strobe_#{event}"
       end
 
       def start(_name, _id, _payload)
-        (Thread.current[@key] ||= []) << Native.now_us
+        starts = (Thread.current[@key] ||= [])
+        starts.shift if starts.size >= MAX_OPEN
+        starts << Native.now_us
       end
 
       def finish(_name, _id, payload)
@@ -107,31 +144,45 @@ module Strobe
     def describe(event, payload)
       case event
       when "sql.active_record"
-        [text(payload[:name] || "SQL"), { sql: text(payload[:sql]), cached: payload[:cached] ? true : nil }.compact]
+        [text(payload[:name] || "SQL"), { sql: text(sql_shape(payload[:sql])), cached: payload[:cached] ? true : nil }.compact]
       when "process_action.action_controller"
         data = payload.slice(:controller, :action, :method, :path, :status, :format, :view_runtime, :db_runtime)
         ["#{payload[:controller]}##{payload[:action]}", plain(data)]
       when /\Arender_(template|partial|collection)\.action_view\z/
         identifier = text(payload[:identifier])
-        [File.basename(identifier.to_s), plain(identifier: identifier, layout: payload[:layout], count: payload[:count],
-                                               cache_hits: payload[:cache_hits])]
+        [File.basename(identifier.to_s), plain({ identifier: identifier, layout: payload[:layout], count: payload[:count],
+                                                 cache_hits: payload[:cache_hits] })]
       when /\Acache_(read|write|fetch_hit)\.active_support\z/
         key = text(payload[:key].is_a?(Array) ? payload[:key].join("/") : payload[:key])
-        ["#{Regexp.last_match(1)} #{key}", plain(key: key, hit: payload[:hit], super_operation: payload[:super_operation])]
+        ["#{Regexp.last_match(1)} #{key}", plain({ key: key, hit: payload[:hit], super_operation: payload[:super_operation] })]
       else
-        [event, plain(payload)]
+        [event, plain(payload, strings: SAFE_KEYS)]
       end
     end
 
-    # The payload's values a marker can hold as they are (Strings cut to
-    # TEXT_LIMIT, numbers, true, false; Symbols as Strings); others left out.
-    def plain(payload)
+    SQL_STRING = /'(?:[^'\\]|\\.|'')*'/m
+    SQL_NUMBER = /(?<![\w$.:])-?\d+(?:\.\d+)?(?:e[+-]?\d+)?(?![\w.])/i
+
+    # sql with its string and number literals as ?: its shape, without the
+    # values an adapter may have put in it.
+    def sql_shape(sql)
+      return nil if sql.nil?
+
+      sql.to_s.gsub(SQL_STRING, "?").gsub(SQL_NUMBER, "?")
+    end
+
+    # The payload's values a marker can hold as they are: numbers, true,
+    # false, Symbols (as Strings), and Strings (cut to TEXT_LIMIT), or with
+    # strings: only those of those keys, at most SAFE_TEXT_LIMIT long.
+    def plain(payload, strings: nil)
       payload.each_with_object({}) do |(key, value), data|
+        key = key.to_sym
         value = case value
-                when String, Symbol then text(value)
+                when Symbol then text(value)
+                when String then text(value) if strings.nil? || (strings.include?(key) && value.length <= SAFE_TEXT_LIMIT)
                 when Integer, Float, true, false then value
                 end
-        data[key.to_sym] = value unless value.nil?
+        data[key] = value unless value.nil?
       end
     end
 
