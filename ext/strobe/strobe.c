@@ -324,8 +324,9 @@ static VALUE
 native_scope_threads(VALUE self, VALUE id)
 {
     (void)self;
+    if (!FIXNUM_P(id)) rb_raise(rb_eTypeError, "a scope is an Integer, got %+"PRIsVALUE, id);
     pid_t tids[64];
-    int n = strobe_sampler_scope_threads(NUM2LONG(id), tids, 64);
+    int n = strobe_sampler_scope_threads(FIX2LONG(id), tids, 64);
     VALUE list = rb_ary_new_capa(n);
     for (int i = 0; i < n; i++) rb_ary_push(list, INT2NUM(tids[i]));
     return list;

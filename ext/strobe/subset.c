@@ -297,13 +297,16 @@ by_thread_then_start(const void *a, const void *b)
     return (x->from > y->from) - (x->from < y->from);
 }
 
-/* A bound of a window: an Integer, or nil for none (unbounded). */
+/* A bound of a window: an Integer (a time, below 2**62), or nil for none
+ * (unbounded). Checked here, so that what raises is rb_raise (which the
+ * sanitizers know leaves the frame), not a conversion deep in Ruby. */
 static int64_t
 bound(VALUE v, int64_t none, int *timed)
 {
     if (NIL_P(v)) return none;
+    if (!FIXNUM_P(v)) rb_raise(rb_eTypeError, "a window's bound is an Integer time or nil, got %+"PRIsVALUE, v);
     *timed = 1;
-    return NUM2LL(v);
+    return FIX2LONG(v);
 }
 
 /* s's windows from an Array of [thread_id, from, to]; sorted per thread,
@@ -376,8 +379,6 @@ native_thread_subset(int argc, VALUE *argv, VALUE self)
     (void)self;
     VALUE result, tid, from, to;
     rb_scan_args(argc, argv, "22", &result, &tid, &from, &to);
-    if (!NIL_P(from)) NUM2LL(from);
-    if (!NIL_P(to)) NUM2LL(to);
     return run_subset(result, rb_ary_new_from_args(1, rb_ary_new_from_args(3, tid, from, to)));
 }
 
