@@ -132,6 +132,14 @@ strobe_profile_clear(void)
     atomic_store(&missed_samples, 0);
 }
 
+void
+strobe_profile_drop_inherited(void)
+{
+    if (!strobe_profile.inherited) return;
+    strobe_profile_clear();
+    strobe_profile.inherited = 0;
+}
+
 uint64_t
 strobe_profile_cut(int64_t now_us)
 {

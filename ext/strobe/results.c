@@ -552,6 +552,7 @@ static VALUE
 results_from_copy(int how)
 {
     strobe_sampler_flush();
+    strobe_profile_drop_inherited(); /* a forked child's copy: its parent's to report */
     if (!strobe_profile.active) return Qnil;
     /* The holder first: making it may run a GC, which must not find a
      * half-made copy (an empty one marks nothing). */

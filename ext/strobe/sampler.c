@@ -1508,8 +1508,11 @@ atfork_parent(void)
 
 /* In a forked child only the forking thread exists: no timer thread, the
  * registered threads are the parent's, and ring slots other threads were
- * writing will never complete. Profiling stops here, keeping what was
- * recorded before the fork; the parent carries on untouched. */
+ * writing will never complete. Profiling stops here; what was recorded
+ * before the fork is the parent's to report (a Puma worker of a preloading
+ * master would count it again), so it is marked inherited and dropped when
+ * the child starts a profile or asks for results (with the GVL, not here).
+ * The parent carries on untouched. */
 static void
 atfork_child(void)
 {
@@ -1519,6 +1522,7 @@ atfork_child(void)
     strobe_gcspan_after_fork();
     gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
+    if (strobe_profile.active) strobe_profile.inherited = 1;
     atomic_store(&S.running, 0);
     S.timer_started = 0;
     S.ptimer_started = 0; /* POSIX timers are not inherited */

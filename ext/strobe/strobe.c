@@ -105,6 +105,7 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
         rb_raise(rb_eArgError, "interval for :object mode must be at least 1, got %ld", iv);
 
     threads = threads_arg(threads);
+    strobe_profile_drop_inherited(); /* a forked child starts its own */
     int fresh = !strobe_profile.active;
     strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
     strobe_timer_t t = timer == strobe_sym("process")      ? STROBE_TIMER_PROCESS
@@ -125,6 +126,7 @@ static VALUE
 native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns)
 {
     if (running()) return Qfalse;
+    strobe_profile_drop_inherited();
     if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
     Check_Type(names, T_ARRAY);
     Check_Type(paths, T_ARRAY);

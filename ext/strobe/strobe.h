@@ -447,6 +447,9 @@ typedef struct {
 
 typedef struct {
     int active;              /* something was started since the last results */
+    int inherited;           /* a forked child's copy of its parent's profile:
+                              * the parent's to report, dropped here when this
+                              * process starts or asks for results */
     strobe_mode_t mode;
     long interval;           /* microseconds or allocations; 0 for custom */
     int raw, aggregate, ignore_gc;
@@ -489,6 +492,8 @@ void strobe_profile_lock(void);
 void strobe_profile_unlock(void);
 void strobe_profile_begin(strobe_mode_t mode, long interval, int raw, int aggregate, int ignore_gc);
 void strobe_profile_clear(void);
+/* GVL held: drops the profile a forked child inherited (see inherited). */
+void strobe_profile_drop_inherited(void);
 /* Under the profile lock, sampling going on, its results just copied: the
  * profile starts afresh at now_us (counts, sample log and missed count
  * emptied; interned stacks kept, for the samples to come). Returns the
