@@ -228,7 +228,8 @@ class TestThreads < Minitest::Test
   end
 
   # Forks land at any point of the timer's tick, mid-drain included: every
-  # child must find a consistent profile and be able to profile on its own.
+  # child must drop the copy of its parent's profile (the parent's to
+  # report) whatever state it was copied in, and profile on its own.
   def test_forks_during_fast_sampling_leave_children_a_working_profiler
     code = <<~RUBY
       require "strobe"
@@ -247,7 +248,7 @@ class TestThreads < Minitest::Test
           Strobe.stop
           own = Strobe.results
           problems = []
-          problems << "inherited \#{inherited[:samples]} samples, \#{inherited[:raw_sample_timestamps].size} timestamps" unless inherited[:samples] == inherited[:raw_sample_timestamps].size
+          problems << "inherited \#{inherited[:samples]} samples of the parent's" unless inherited.nil?
           # Any at all: before the fix a child's own profile got none. (How
           # many depends on how loaded the machine is.)
           problems << "own samples \#{own[:samples]} (missed \#{own[:missed_samples]})" unless own[:samples].positive?
