@@ -238,7 +238,9 @@ class TestMarkers < Minitest::Test
     # ids and tokens are not endpoints (nor labels a profile store keeps)
     { "/posts/42/comments/7" => "/posts/:id/comments/:id", "/v2/users" => "/v2/users",
       "/reset/9f8e7d6c5b4a39281706f5e4d3c2b1a0" => "/reset/:id", "/u/123e4567-e89b-12d3-a456-426614174000" => "/u/:id",
-      "/t/abcDEF123ghiJKL456" => "/t/:id", "/assets/app.css" => "/assets/app.css", "/a/" => "/a/" }.each do |path, shape|
+      "/t/abcDEF123ghiJKL456" => "/t/:id", "/assets/app.css" => "/assets/app.css", "/a/" => "/a/",
+      "/t/k3J9xQ2mPz" => "/t/:id", "/users/alice@example.com" => "/users/:id.com", "/posts/42.json" => "/posts/:id.json",
+      "/x/%E2%9C%93" => "/x/:id" }.each do |path, shape|
       assert_equal "GET #{shape}", Strobe::Middleware.endpoint(Rack::MockRequest.env_for(path)), path
     end
     routed = Rack::MockRequest.env_for("/posts/5").merge("action_dispatch.route_uri_pattern" => "/posts/:id(.:format)")

@@ -174,6 +174,33 @@ class TestMiddleware < Minitest::Test
     end
   end
 
+  # A process forked while the middleware had requests in flight (Puma's
+  # fork_worker) profiles its own: the parent's count is not its own.
+  def test_a_process_forked_mid_request_profiles_its_own_requests
+    out, err, status = run_ruby(<<~RUBY)
+      require "strobe/middleware"
+      gate = Queue.new
+      results = Queue.new
+      app = ->(env) { env["hold"] ? gate.pop : 2000.times(&:to_s); [200, {}, ["ok"]] }
+      mw = Strobe::Middleware.new(app, enabled: true, mode: :wall, interval: 200, save_every: 1, save_at_exit: false,
+                                       on_result: ->(r) { results << r })
+      held = Thread.new { mw.call({ "hold" => true, "REQUEST_METHOD" => "GET", "PATH_INFO" => "/held" }) }
+      sleep 0.01 until Strobe.running?
+      pid = fork do
+        mw.call({ "REQUEST_METHOD" => "GET", "PATH_INFO" => "/child" })
+        r = results.pop
+        names = r[:markers].select { |m| m[:type] == :request }.map { |m| m[:name] }
+        exit!(names == ["GET /child"] ? 0 : 3)
+      end
+      Process.wait(pid)
+      gate << true
+      held.join
+      puts $?.exitstatus
+    RUBY
+    assert status.success?, err
+    assert_equal "0\n", out, err
+  end
+
   # ?strobe=1&strobe_format=...: the request's own profile as a file of
   # that format, to download; an unknown format is refused before the
   # application runs.

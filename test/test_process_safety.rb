@@ -53,6 +53,31 @@ class TestProcessSafety < Minitest::Test
     assert_includes out, "parent-after-fork=true"
   end
 
+  # A forked child does not inherit what the parent's start was given for
+  # its results (out:, metadata): its own profile is its own.
+  def test_a_forked_child_does_not_write_to_the_parents_out_file
+    Dir.mktmpdir do |dir|
+      out = assert_clean_exit(*run_ruby(<<~RUBY))
+        require "strobe"
+        Strobe.start(mode: :custom, out: #{File.join(dir, 'parent.json').inspect}, metadata: { who: "parent" })
+        Strobe.sample
+        pid = fork do
+          Strobe.start(mode: :custom)
+          Strobe.sample
+          Strobe.stop
+          r = Strobe.results
+          exit!(r.is_a?(Hash) && r[:samples] == 1 && r[:metadata].empty? ? 0 : 3)
+        end
+        Process.wait(pid)
+        print "child=\#{$?.exitstatus} "
+        Strobe.stop
+        print "parent=\#{Strobe.results.inspect}"
+      RUBY
+      assert_includes out, "child=0"
+      assert_equal 1, Strobe.load(File.join(dir, "parent.json"))[:samples], "the parent's file is the parent's"
+    end
+  end
+
   def test_exit_while_profiling
     out = assert_clean_exit(*run_ruby(<<~RUBY))
       require "strobe"

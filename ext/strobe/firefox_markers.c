@@ -349,13 +349,13 @@ static int
 write_field(VALUE key, VALUE value, VALUE arg)
 {
     const struct data_write *dw = (const struct data_write *)arg;
-    if (NIL_P(value) || shadowed(dw->data, key)) return ST_CONTINUE; /* nil: shown as missing */
+    if (NIL_P(value)) return ST_CONTINUE; /* shown as missing */
     const schema_t *sc = dw->schema;
     int kind = kind_of(value);
     for (int i = 0; i < sc->fields; i++) {
-        if (sc->key[i] != key) continue;
+        if (sc->key[i] != key) continue; /* (a schema's keys are Symbols) */
         /* (As read, unless a sink's #write changed it since.) */
-        if (kind < 0 || (kind & ~sc->kind[i])) break;
+        if (kind < 0 || (kind & ~sc->kind[i]) || shadowed(dw->data, key)) break;
         OUT_LIT(dw->o, ",");
         out_field_key(dw->o, key);
         OUT_LIT(dw->o, ":");

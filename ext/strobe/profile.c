@@ -137,6 +137,7 @@ strobe_profile_drop_inherited(void)
 {
     if (!strobe_profile.inherited) return;
     strobe_profile_clear();
+    strobe_sampler_forget_unsampled();
     strobe_profile.inherited = 0;
 }
 

@@ -1522,6 +1522,7 @@ atfork_child(void)
     strobe_gcspan_after_fork();
     gvl_hook_resume_after_fork(1);
     strobe_threads_reset();
+    open_scopes_len = 0; /* the parent's requests: not served here */
     if (strobe_profile.active) strobe_profile.inherited = 1;
     atomic_store(&S.running, 0);
     S.timer_started = 0;

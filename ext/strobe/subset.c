@@ -128,16 +128,25 @@ subset_markers(const subset_t *s, VALUE result, VALUE out)
     for (long i = 0; i < RARRAY_LEN(markers); i++) {
         VALUE m = RARRAY_AREF(markers, i);
         if (!RB_TYPE_P(m, T_HASH)) continue;
-        VALUE at = rb_hash_lookup2(s->position, key(m, "thread"), Qnil);
+        VALUE thread = key(m, "thread");
+        VALUE at = FIXNUM_P(thread) ? rb_hash_lookup2(s->position, thread, Qnil) : Qnil;
         if (NIL_P(at)) continue;
         VALUE b = key(m, "start"), e = key(m, "end");
         if (!FIXNUM_P(b)) continue;
         long start = FIX2LONG(b), end = FIXNUM_P(e) ? FIX2LONG(e) : start;
-        /* overlapping a window: one that starts by its end and ends after its start */
+        /* Overlapping a window: the latest window to start by its end
+         * (binary search) or one before it still running at its start
+         * (reach bounds the walk back). */
+        uint32_t t = (uint32_t)FIX2LONG(at);
+        size_t lo = s->first[t], hi = s->first[t + 1];
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (s->windows[mid].from <= end) lo = mid + 1;
+            else hi = mid;
+        }
         int overlaps = 0;
-        size_t from = s->first[FIX2LONG(at)], to = s->first[FIX2LONG(at) + 1];
-        for (size_t w = from; w < to && !overlaps && s->windows[w].from <= end; w++)
-            overlaps = s->windows[w].to >= start;
+        for (size_t w = lo; w > s->first[t] && !overlaps && s->windows[w - 1].reach >= start; w--)
+            overlaps = s->windows[w - 1].to >= start;
         if (overlaps) rb_ary_push(kept, m);
     }
     if (RARRAY_LEN(kept)) rb_hash_aset(out, strobe_sym("markers"), kept);
@@ -177,7 +186,8 @@ subset_body(VALUE arg)
         for (long k = sample; k < sample + count; k++) {
             VALUE tid = RARRAY_AREF(sample_threads, k);
             if (tid != last_tid) {
-                VALUE at = rb_hash_lookup2(s->position, tid, Qnil);
+                /* (Integer ids only: another's #hash would be Ruby code here.) */
+                VALUE at = FIXNUM_P(tid) ? rb_hash_lookup2(s->position, tid, Qnil) : Qnil;
                 thread = NIL_P(at) ? -1 : FIX2LONG(at);
                 last_tid = tid;
             }
@@ -315,6 +325,7 @@ static void
 read_windows(subset_t *s, VALUE windows)
 {
     Check_Type(windows, T_ARRAY);
+    windows = rb_ary_dup(windows); /* read to the length allocated for */
     long n = RARRAY_LEN(windows);
     s->thread_ids = rb_ary_new();
     s->position = rb_hash_new();
@@ -324,7 +335,9 @@ read_windows(subset_t *s, VALUE windows)
         VALUE w = RARRAY_AREF(windows, i);
         if (!RB_TYPE_P(w, T_ARRAY) || RARRAY_LEN(w) != 3)
             rb_raise(rb_eArgError, "a window is [thread_id, from, to], got %+"PRIsVALUE, w);
-        VALUE tid = RARRAY_AREF(w, 0), at = rb_hash_lookup2(s->position, tid, Qnil);
+        VALUE tid = RARRAY_AREF(w, 0), from = RARRAY_AREF(w, 1), to = RARRAY_AREF(w, 2);
+        if (!FIXNUM_P(tid)) continue; /* no thread of a result */
+        VALUE at = rb_hash_lookup2(s->position, tid, Qnil);
         if (NIL_P(at)) {
             if (RARRAY_LEN(s->thread_ids) > UINT16_MAX) rb_raise(rb_eArgError, "too many threads");
             at = LONG2FIX(RARRAY_LEN(s->thread_ids));
@@ -333,8 +346,8 @@ read_windows(subset_t *s, VALUE windows)
         }
         window_t *win = &s->windows[s->windows_len];
         win->thread = (uint32_t)FIX2LONG(at);
-        win->from = bound(RARRAY_AREF(w, 1), INT64_MIN, &s->timed);
-        win->to = bound(RARRAY_AREF(w, 2), INT64_MAX, &s->timed);
+        win->from = bound(from, INT64_MIN, &s->timed);
+        win->to = bound(to, INT64_MAX, &s->timed);
         if (win->to >= win->from) s->windows_len++; /* (an empty one holds nothing) */
     }
     qsort(s->windows, s->windows_len, sizeof(window_t), by_thread_then_start);
@@ -348,6 +361,7 @@ read_windows(subset_t *s, VALUE windows)
                          ? s->windows[i - 1].reach : win->to;
     }
     for (long t = 0; t < threads; t++) s->first[t + 1] += s->first[t];
+    RB_GC_GUARD(windows);
 }
 
 static VALUE

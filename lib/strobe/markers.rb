@@ -96,8 +96,8 @@ module Strobe
       rows.each_with_index.map do |row, i|
         type, label, thread, start, finish, data = row if row.is_a?(Array) && row.size == 6
         unless type.is_a?(String) && type.match?(TYPE) && label.is_a?(String) && (thread.nil? || thread.is_a?(Integer)) &&
-               start.is_a?(Integer) && start.between?(0, LIMIT) &&
-               (finish.nil? || (finish.is_a?(Integer) && finish.between?(start, LIMIT))) &&
+               start.is_a?(Integer) && start.between?(0, LIMIT - 1) &&
+               (finish.nil? || (finish.is_a?(Integer) && finish.between?(start, LIMIT - 1))) &&
                (data.nil? || (data.is_a?(Hash) && data.each_value.all? { |v| plain?(v) }))
           raise ProfileError, "#{name}: marker #{i} is malformed"
         end

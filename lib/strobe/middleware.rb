@@ -131,6 +131,7 @@ module Strobe
       @notifications = sets && (@enabled || @permit) ? Notifications.subscribe(*Array(sets)) : nil
 
       @lock = Mutex.new
+      @pid = Process.pid
       @active = 0     # requests in the shared profile now
       @since_save = 0 # enabled requests profiled since the last save
       @saved_at = now_s
@@ -168,14 +169,18 @@ module Strobe
       "#{env['REQUEST_METHOD']} #{route.is_a?(String) && !route.empty? ? route : path_shape(request_path(env))}"
     end
 
-    # A path's shape for an endpoint: segments that look like ids or
-    # tokens (numbers, hex, UUIDs, long strings with digits) as ":id", so
-    # that one route is one endpoint and no token becomes a profile label.
+    # A path's shape for an endpoint: segments that look like ids, tokens
+    # or people (numbers, hex, UUIDs, letters mixed with digits from 6
+    # characters on, strings of 20 or more, anything with "@" or "%"), their
+    # extension aside, as ":id", so that one route is one endpoint and no
+    # token becomes a profile label. (A request marker's name and path keep
+    # the path as it came.)
     def self.path_shape(path)
       path.split("/", -1).map do |segment|
-        id = segment.match?(/\A\d+\z/) || segment.match?(/\A\h{8,}\z/) || segment.match?(/\A\h{8}-\h{4}-\h{4}-\h{4}-\h{12}\z/i) ||
-             (segment.length >= 16 && segment.match?(/\d/))
-        id ? ":id" : segment
+        stem, ext = segment.match(/\A(.+?)((?:\.[A-Za-z]\w{0,7})?)\z/)&.captures || [segment, ""]
+        id = stem.match?(/\A\d+\z/) || stem.match?(/\A\h{8,}\z/) || stem.match?(/[@%]/) || stem.length >= 20 ||
+             (stem.length >= 6 && stem.match?(/\d/) && stem.match?(/[A-Za-z]/))
+        id ? ":id#{ext}" : segment
       end.join("/")
     end
 
@@ -279,6 +284,7 @@ module Strobe
     # The first of overlapping requests starts profiling. Returns whether
     # this request takes part in a profile (and must end it).
     def begin_profiling
+      forked unless @pid == Process.pid
       @lock.synchronize do
         if @active.zero?
           # threads: :requests: the first request's thread, then each
@@ -295,6 +301,18 @@ module Strobe
     rescue StandardError => e
       warn_once "not profiling: #{e.message}"
       false
+    end
+
+    # In a process forked from the one the middleware was built or last
+    # served in (a Puma worker, one forked by fork_worker while serving):
+    # the requests in flight and those counted are the parent's, and no
+    # profile runs here (the child's copy of one is dropped, see sampler.c).
+    def forked
+      @lock = Mutex.new
+      @pid = Process.pid
+      @active = 0
+      @since_save = 0
+      @saved_at = now_s
     end
 
     # threads: :requests: this thread, and those it starts, are sampled
@@ -369,7 +387,7 @@ module Strobe
     def flamegraph_response(env)
       format = env["QUERY_STRING"].to_s[FORMAT_PARAM, 1]
       if format && !REQUEST_FORMATS.key?(format)
-        return [400, { "Content-Type" => "text/plain; charset=utf-8", "Cache-Control" => "no-store" },
+        return [400, { "content-type" => "text/plain; charset=utf-8", "cache-control" => "no-store" },
                 ["strobe_format must be one of #{REQUEST_FORMATS.keys.join(', ')}\n"]]
       end
       if Fiber.scheduler
@@ -378,6 +396,7 @@ module Strobe
         warn_once "cannot profile one request on a fiber scheduler (other requests share its thread)"
         return @app.call(env)
       end
+      counted = enabled?(env) # (before: a proc that raises must not leave profiling on)
       unless begin_profiling
         warn_once "cannot profile this request: another profile is running"
         return @app.call(env)
@@ -393,14 +412,14 @@ module Strobe
         snapshot = Strobe.snapshot
       ensure
         leave_scope(scope) if scope
-        end_profiling(counted: enabled?(env))
+        end_profiling(counted: counted)
       end
       response[2].close if response[2].respond_to?(:close)
       title = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']} (Strobe)"
       result = request_samples(snapshot, threads, from, to)
       return export_response(result, format) if result && format
 
-      [200, { "Content-Type" => "text/html; charset=utf-8", "Cache-Control" => "no-store" },
+      [200, { "content-type" => "text/html; charset=utf-8", "cache-control" => "no-store" },
        [flamegraph_page(result, title)]]
     end
 
@@ -409,8 +428,8 @@ module Strobe
       body = StringIO.new(+"".b)
       Strobe.save(result, body, format: format.to_sym)
       name = File.basename(ProfileFile.path_in("", result, format.to_sym))
-      [200, { "Content-Type" => REQUEST_FORMATS.fetch(format), "Cache-Control" => "no-store",
-              "Content-Disposition" => "attachment; filename=\"#{name}\"" }, [body.string]]
+      [200, { "content-type" => REQUEST_FORMATS.fetch(format), "cache-control" => "no-store",
+              "content-disposition" => "attachment; filename=\"#{name}\"" }, [body.string]]
     end
 
     # By count or by time, with @lock held; never for a profile holding no

@@ -160,15 +160,26 @@ module Strobe
       end
     end
 
-    SQL_STRING = /'(?:[^'\\]|\\.|'')*'/m
-    SQL_NUMBER = /(?<![\w$.:])-?\d+(?:\.\d+)?(?:e[+-]?\d+)?(?![\w.])/i
+    # String literals: standard ('' inside, no backslash escape: PostgreSQL,
+    # SQLite), or with backslash escapes (MySQL); dollar-quoted
+    # (PostgreSQL); numbers, hexadecimal ones and those starting with ".".
+    SQL_STANDARD_STRING = /[eEnNxXbB]?'(?:[^']|'')*'/m
+    SQL_ESCAPED_STRING = /[eEnNxXbB]?'(?:[^'\\]|\\.|'')*'/m
+    SQL_DOLLAR_STRING = /\$(\w*)\$.*?\$\1\$/m
+    SQL_NUMBER = /(?<![\w$:])-?(?:0x\h+|\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)(?![\w.])/i
 
     # sql with its string and number literals as ?: its shape, without the
-    # values an adapter may have put in it.
+    # values an adapter may have put in it. Read with the standard quoting
+    # first; where a quote is left over (a backslash escape ended a string
+    # early), with backslash escapes. MySQL's double-quoted strings are
+    # left alone: elsewhere "..." names a column.
     def sql_shape(sql)
       return nil if sql.nil?
 
-      sql.to_s.gsub(SQL_STRING, "?").gsub(SQL_NUMBER, "?")
+      sql = sql.to_s.gsub(SQL_DOLLAR_STRING, "?")
+      shaped = sql.gsub(SQL_STANDARD_STRING, "?")
+      shaped = sql.gsub(SQL_ESCAPED_STRING, "?") if shaped.include?("'")
+      shaped.gsub(SQL_NUMBER, "?")
     end
 
     # The payload's values a marker can hold as they are: numbers, true,
