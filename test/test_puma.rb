@@ -9,31 +9,40 @@ require "tmpdir"
 class TestPuma < Minitest::Test
   APP = File.join(__dir__, "apps/puma/config.ru")
 
-  # Starts Puma with args, yields its port and pid, and stops it (TERM,
-  # then KILL after 30 s); returns its output.
+  # Starts Puma with args, yields its port and pid, and stops it (TERM;
+  # its whole process group is killed if it is still there after 30 s, or
+  # when the test fails meanwhile); returns its output.
   def with_puma(dir, *args, env: {})
     log = File.join(dir, "puma.log")
     env = app_gems_env.merge("STROBE_OUT" => dir, "RUBYLIB" => StrobeTestHelpers::LIB).merge(env)
     pid = Process.spawn(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || StrobeTestHelpers::LIB}", "-rpuma/cli", "-e",
                         "Puma::CLI.new(ARGV).run", "--", "-b", "tcp://127.0.0.1:0", *args, APP,
                         out: log, err: [:child, :out], pgroup: true)
-    port = nil
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
-    until (port = File.read(log)[%r{Listening on http://127\.0\.0\.1:(\d+)}, 1])
-      flunk "Puma did not start: #{File.read(log)}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      flunk "Puma exited: #{File.read(log)}" if Process.waitpid(pid, Process::WNOHANG)
-      sleep 0.1
-    end
-    yield Integer(port), pid
-    Process.kill(:TERM, pid)
-    unless Timeout.timeout(30) { Process.wait(pid) rescue nil; true } # rubocop:disable Style/RescueModifier
-      Process.kill(:KILL, -pid)
+    exited = false
+    begin
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+      until (port = File.read(log)[%r{Listening on http://127\.0\.0\.1:(\d+)}, 1])
+        flunk "Puma did not start: #{File.read(log)}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        flunk "Puma exited: #{File.read(log)}" if (exited = Process.waitpid(pid, Process::WNOHANG))
+        sleep 0.1
+      end
+      yield Integer(port), pid
+      Process.kill(:TERM, pid)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+      sleep 0.1 until (exited = Process.waitpid(pid, Process::WNOHANG)) ||
+                      Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      flunk "Puma did not stop within 30 s: #{File.read(log)}" unless exited
+    ensure
+      unless exited
+        begin
+          Process.kill(:KILL, -pid)
+          Process.wait(pid)
+        rescue Errno::ESRCH, Errno::ECHILD
+          nil
+        end
+      end
     end
     File.read(log)
-  rescue Timeout::Error
-    Process.kill(:KILL, -pid)
-    Process.wait(pid)
-    flunk "Puma did not stop within 30 s: #{File.read(log)}"
   end
 
   # GETs / until each of the workers has answered at least `each` times
