@@ -262,6 +262,10 @@ class TestMarkers < Minitest::Test
     first = result[:markers].find { |m| m[:name] == "main" }
     window = Strobe::Native.thread_subset(result, main, first[:start], first[:end])
     assert_equal ["main"], marks.call(window), "only those overlapping the window"
+    # Its timeline is the window's, not the whole profile's.
+    assert_equal first[:end] - first[:start], window[:duration]
+    assert_operator window[:started_at], :>, result[:started_at]
+    assert_operator window[:started_at], :<, result[:started_at] + result[:duration]
   end
 
   # A JSON file holds UTF-8 only: a request path of other bytes (servers

@@ -152,6 +152,30 @@ subset_markers(const subset_t *s, VALUE result, VALUE out)
     if (RARRAY_LEN(kept)) rb_hash_aset(out, strobe_sym("markers"), kept);
 }
 
+/* A part cut by time spans its windows, not the whole profile: its start
+ * (started_at, and the start the raw times are counted from) and its
+ * duration become those of the windows' union within the profile, so an
+ * export's timeline shows a request as long as it was. Returns the new
+ * start on the clock of the sample times. */
+static int64_t
+narrow_to_windows(const subset_t *s, VALUE result, VALUE out, int64_t start)
+{
+    VALUE duration = key(result, "duration"), started_at = key(result, "started_at");
+    if (!FIXNUM_P(duration) || FIX2LONG(duration) < 0) return start;
+    int64_t end = start + FIX2LONG(duration), from = INT64_MAX, to = INT64_MIN;
+    for (size_t i = 0; i < s->windows_len; i++) {
+        int64_t a = s->windows[i].from < start ? start : s->windows[i].from;
+        int64_t b = s->windows[i].to > end ? end : s->windows[i].to;
+        if (b < a) continue; /* outside the profile */
+        if (a < from) from = a;
+        if (b > to) to = b;
+    }
+    if (from > to) return start;
+    rb_hash_aset(out, strobe_sym("duration"), LL2NUM(to - from));
+    if (FIXNUM_P(started_at)) rb_hash_aset(out, strobe_sym("started_at"), LL2NUM(FIX2LONG(started_at) + (from - start)));
+    return from;
+}
+
 static VALUE
 subset_body(VALUE arg)
 {
@@ -274,6 +298,7 @@ subset_body(VALUE arg)
         if (__builtin_sub_overflow(strobe_fixnum_at(stamps, 0, "raw_sample_timestamps"),
                                    strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas"), &start))
             CORRUPT("raw_timestamp_deltas[0] is out of range");
+    if (s->timed && has_times && n && start) start = narrow_to_windows(s, result, out, start);
     strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes, has_times ? s->times : NULL,
                        s->thread_ids, s->threads, has_states ? (s->states ? s->states : (uint8_t *)"") : NULL,
                        start, frame_ids);
