@@ -199,19 +199,27 @@ current_entry(void)
     return profiled(thread) ? register_current(thread) : NULL;
 }
 
+/* The calling thread's entry if it is sampled now; NULL for a thread that
+ * is not profiled, or not now (between scopes). */
+static strobe_thread_t *
+sampled_entry(void)
+{
+    if (!atomic_load(&S.running)) return NULL;
+    strobe_thread_t *t = current_entry();
+    return t && strobe_sampler_sampled(t) ? t : NULL;
+}
+
 int
 strobe_sampler_current_sampled(void)
 {
-    if (!atomic_load(&S.running)) return 0;
-    strobe_thread_t *t = current_entry();
-    return t && strobe_sampler_sampled(t); /* not a thread that is profiled, or not now */
+    return sampled_entry() != NULL;
 }
 
 int
 strobe_sampler_add_marker(strobe_marker_t *m)
 {
-    if (!strobe_sampler_current_sampled()) return 0;
-    return strobe_profile_add_marker(current_entry(), m);
+    strobe_thread_t *t = sampled_entry();
+    return t ? strobe_profile_add_marker(t, m) : 0;
 }
 
 /* ---- scopes: threads sampled only while they serve something -------------------
