@@ -9,9 +9,22 @@ require "tmpdir"
 class TestPuma < Minitest::Test
   APP = File.join(__dir__, "apps/puma/config.ru")
 
-  # Starts Puma with args, yields its port and pid, and stops it (TERM;
-  # its whole process group is killed if it is still there after 30 s, or
-  # when the test fails meanwhile); returns its output.
+  # Puma 8.0.2's cluster workers sometimes hang on TERM under Ruby 3.4, with
+  # or without Strobe: the TERM trap's write to the server's notify pipe
+  # races the server thread's IO#close of it, and the close never returns
+  # (puma#3677, fixed on Puma's main by puma#3940 after 8.0.2, not released
+  # yet). Measured here on 2026-11-24: 2 hangs in 20 start/stop cycles of a
+  # bare Rack app without Strobe, 2 in 20 with the middleware; 0 in 15 on
+  # Ruby 4.0. Where that race exists a cycle whose shutdown hangs is run
+  # again, at most twice; on other Rubies a hang fails the test.
+  PUMA_SHUTDOWN_RACE = RUBY_VERSION.start_with?("3.4.")
+
+  class ShutdownHang < StandardError; end
+
+  # Starts Puma with args, yields its port and pid, and stops it with TERM;
+  # returns its output. If it has not exited 30 s later it raises
+  # ShutdownHang; then, or when the test fails meanwhile, its whole process
+  # group is killed.
   def with_puma(dir, *args, env: {})
     log = File.join(dir, "puma.log")
     env = app_gems_env.merge("STROBE_OUT" => dir, "RUBYLIB" => StrobeTestHelpers::LIB).merge(env)
@@ -31,7 +44,7 @@ class TestPuma < Minitest::Test
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
       sleep 0.1 until (exited = Process.waitpid(pid, Process::WNOHANG)) ||
                       Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      flunk "Puma did not stop within 30 s: #{File.read(log)}" unless exited
+      raise ShutdownHang, "Puma did not stop within 30 s: #{File.read(log)}" unless exited
     ensure
       unless exited
         begin
@@ -59,27 +72,37 @@ class TestPuma < Minitest::Test
     served
   end
 
+  # Runs a 2-worker cluster with args until each worker has served 3
+  # requests, stops it, and yields its output directory, the requests served
+  # per worker pid and the master's pid. A shutdown that hangs where Puma's
+  # own race exists is run again (PUMA_SHUTDOWN_RACE); anywhere else, or a
+  # third time, it fails.
+  def with_served_cluster(*args, env: {})
+    attempts = 0
+    begin
+      Dir.mktmpdir do |dir|
+        served = master = nil
+        with_puma(dir, "-w", "2", "-t", "2:2", *args, env: env) do |port, pid|
+          master = pid
+          served = requests_per_worker(port, workers: 2, each: 3)
+        end
+        yield dir, served, master
+      end
+    rescue ShutdownHang => e
+      flunk e.message unless PUMA_SHUTDOWN_RACE && (attempts += 1) < 3
+      retry
+    end
+  end
+
   # Cluster mode, with and without preload_app!: each worker writes its own
   # profile, named by its pid, holding its own requests; the master none.
   # What the master profiled before forking is in no worker's file.
   def test_each_cluster_worker_saves_its_own_profile
-    # Known, open (issue 19): under Ruby 3.4.10 a cluster worker sometimes
-    # does not exit on TERM within Puma's 30 s with the middleware loaded
-    # (CI and 3 of 5 local runs on 2026-11-23, with or without --preload;
-    # not seen on 3.1, 3.3 or 4.0, nor in 13 runs by hand). Until its cause
-    # is found this test runs on the other Rubies only.
-    skip "a Puma worker's shutdown hang on Ruby 3.4, under investigation (issue 19)" if RUBY_VERSION.start_with?("3.4.")
     [[], ["--preload"]].each do |preload|
-      Dir.mktmpdir do |dir|
-        served = nil
-        master = nil
-        # (Without preload_app! the workers load the application: only a
-        # preloading master profiles before they fork.)
-        env = preload.empty? ? {} : { "MASTER_PROFILE" => "1" }
-        with_puma(dir, "-w", "2", "-t", "2:2", *preload, env: env) do |port, pid|
-          master = pid
-          served = requests_per_worker(port, workers: 2, each: 3)
-        end
+      # (Without preload_app! the workers load the application: only a
+      # preloading master profiles before they fork.)
+      env = preload.empty? ? {} : { "MASTER_PROFILE" => "1" }
+      with_served_cluster(*preload, env: env) do |dir, served, master|
         files = Dir[File.join(dir, "strobe-*.json")]
         pids = files.map { |f| Integer(File.basename(f)[/strobe-wall-(\d+)-/, 1]) }
         assert_equal served.keys.sort, pids.sort, "one file per worker #{preload.inspect}"
