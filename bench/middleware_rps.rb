@@ -38,7 +38,7 @@ module RpsBench
   def start_server(profiler, dir)
     log = File.join(dir, "#{profiler}.log")
     gem_path = [File.join(ROOT, "tmp/app-gems", RUBY_VERSION), *Gem.path].join(File::PATH_SEPARATOR)
-    env = { "BENCH_PROFILER" => profiler, "BENCH_INTERVAL" => INTERVAL.to_s, "GEM_PATH" => gem_path }
+    env = { "BENCH_PROFILER" => profiler, "BENCH_INTERVAL" => INTERVAL.to_s, "GEM_PATH" => gem_path, "BENCH_OUT" => dir }
     pid = Process.spawn(env, RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rpuma/cli", "-e", "Puma::CLI.new(ARGV).run",
                         "--", "-b", "tcp://127.0.0.1:0", "-t", "#{THREADS}:#{THREADS}", "-e", "production", APP,
                         out: log, err: %i[child out], chdir: dir)
@@ -86,17 +86,27 @@ module RpsBench
         Process.kill(:TERM, pid)
         Process.wait(pid)
       end
-      report(rates.transform_values { |r| Bench.median(r) })
+      report(rates.transform_values { |r| Bench.median(r) }, samples(dir, WARMUP + (ROUNDS * REQUESTS)))
     end
   end
 
-  def report(rates)
+  # Samples per request each profiler took over the whole run (its files,
+  # saved as its server exited): Strobe samples every thread serving a
+  # request at each tick, stackprof's process timer the one thread running.
+  def samples(dir, requests)
+    strobe = Strobe.load(File.join(dir, "strobe.json"))
+    stackprof = Marshal.load(File.binread(File.join(dir, "stackprof.dump"))) # rubocop:disable Security/MarshalLoad
+    { "strobe" => strobe[:samples].fdiv(requests), "stackprof" => stackprof[:samples].fdiv(requests) }
+  end
+
+  def report(rates, samples)
     Bench.header("Requests per second under Puma (#{THREADS} threads, #{CLIENTS} clients, :wall at #{INTERVAL} µs, " \
                  "median of #{ROUNDS} rounds of #{REQUESTS}; Ruby #{RUBY_VERSION})")
     rows = PROFILERS.map do |p|
-      [p == "none" ? "unprofiled" : p, format("%.0f", rates[p]), Bench.ratio(rates[p], rates["none"])]
+      [p == "none" ? "unprofiled" : p, format("%.0f", rates[p]), Bench.ratio(rates[p], rates["none"]),
+       samples[p] ? format("%.2f", samples[p]) : "-"]
     end
-    Bench.table(["middleware", "requests/s", "vs unprofiled"], rows)
+    Bench.table(["middleware", "requests/s", "vs unprofiled", "samples/request"], rows)
     puts
     puts "Strobe / stackprof requests per second: #{Bench.ratio(rates['strobe'], rates['stackprof'])}"
   end

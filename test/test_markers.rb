@@ -317,7 +317,7 @@ class TestMarkers < Minitest::Test
       define_method(:mark_request) { |*| raise killer }
     end
     mw = middleware.new(->(_env) { [200, {}, ["ok"]] }, enabled: true, save_every: false, save_interval: false,
-                                                          save_at_exit: false, on_result: ->(_) {})
+                                                          save_at_exit: false, on_result: ->(_) {}, idle_stop: false)
     assert_raises(killer) { mw.call(Rack::MockRequest.env_for("/")) }
     refute Strobe.running?, "the last request's end stops the profile"
     assert_equal [200, {}, ["ok"]], Strobe::Middleware.new(->(_env) { [200, {}, ["ok"]] }).call(Rack::MockRequest.env_for("/"))

@@ -388,16 +388,101 @@ class TestMiddleware < Minitest::Test
   def test_an_application_error_in_a_flamegraph_request_is_raised_once
     calls = 0
     inner = ->(_env) { calls += 1; raise ArgumentError, "bad input" }
-    mw = Strobe::Middleware.new(inner, permit: ->(_) { true }, mode: :custom)
+    mw = Strobe::Middleware.new(inner, permit: ->(_) { true }, mode: :custom, idle_stop: false)
     error = assert_raises(ArgumentError) { mw.call(Rack::MockRequest.env_for("/?strobe=1")) }
     assert_equal ["bad input", 1], [error.message, calls]
+    refute Strobe.running?, "the request's end stops profiling (idle_stop: false)"
+  end
+
+  def wait_until(what, seconds: 10)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    until yield
+      flunk "not within #{seconds} s: #{what}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      sleep 0.01
+    end
+  end
+
+  # Requests close together share one run of the profiler (a start and a
+  # stop cost about 85 µs): it runs on idle_stop: seconds after the last
+  # request, with the requests' threads paused (nothing of this thread's
+  # sleep between them is sampled), and then stops; the save has them all.
+  def test_profiling_runs_on_between_requests_and_stops_when_idle
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, interval: 1000, path: "#{@dir}/",
+                                                save_every: false, save_interval: false, idle_stop: 0.5)
+    mw.call(Rack::MockRequest.env_for("/?cpu=20"))
+    round = Strobe::Native.round
+    assert Strobe.running?, "running on after the request"
+    sleep 0.1
+    mw.call(Rack::MockRequest.env_for("/?cpu=20"))
+    assert_equal round, Strobe::Native.round, "the second request started nothing"
+    wait_until("profiling stops once idle") { !Strobe.running? }
+    result = Strobe.load(mw.save)
+    assert_equal 2, result[:markers].count { |m| m[:type] == :request }
+    names = result[:frames].values.map { |f| f[:name] }
+    assert_includes names, "TestMiddleware#page_work"
+    refute_includes names, "Kernel#sleep", "the thread was paused between requests"
+  end
+
+  # A save while profiling runs on (at exit, or #save) stops it and takes
+  # the whole profile; the next request starts afresh.
+  def test_a_save_takes_a_profile_running_on
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_every: false,
+                                                save_interval: false, idle_stop: 60)
+    mw.call(Rack::MockRequest.env_for("/?cpu=10"))
+    assert Strobe.running?
+    result = Strobe.load(mw.save)
     refute Strobe.running?
+    assert_equal 1, result[:markers].count { |m| m[:type] == :request }
+    mw.call(Rack::MockRequest.env_for("/?cpu=10"))
+    assert Strobe.running?
+    assert_equal 1, Strobe.load(mw.save)[:markers].count { |m| m[:type] == :request }, "only the new request"
+  end
+
+  # The idle stop stops the middleware's own profile, never one that
+  # somebody started after stopping it.
+  def test_the_idle_stop_leaves_another_profile_alone
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_every: 1000,
+                                                idle_stop: 0.2)
+    mw.call(Rack::MockRequest.env_for("/?cpu=5"))
+    Strobe.stop
+    Strobe.results
+    assert Strobe.start(mode: :custom)
+    sleep 0.6
+    assert Strobe.running?, "still running past the middleware's idle stop"
+    _, err = capture_io { mw.call(Rack::MockRequest.env_for("/")) }
+    assert_match(/another profile is running/, err)
+    assert Strobe.running?, "nor stopped by a request's end"
+  end
+
+  # Two middlewares of one process take turns, each file with its own
+  # requests: one that wants to start saves the other's profile first
+  # (running on, or stopped and not saved yet).
+  def test_two_middlewares_take_turns
+    first, second = [[:page_work, "a", 60], [:other_work, "b", false]].map do |what, dir, idle|
+      Strobe::Middleware.new(method(:work), enabled: true, mode: :cpu, interval: 500, path: "#{@dir}/#{dir}/",
+                                            save_every: 10, save_at_exit: false, idle_stop: idle, metadata: { what: what })
+    end
+    _, err = capture_io do
+      first.call(Rack::MockRequest.env_for("/first?cpu=20"))   # first's profile runs on
+      second.call(Rack::MockRequest.env_for("/second?other=20")) # second's is stopped at once
+      first.call(Rack::MockRequest.env_for("/first?cpu=20"))
+      [first, second].each(&:save)
+    end
+    assert_empty err
+    files = Dir["#{@dir}/{a,b}/*"].sort
+    assert_equal 2, Dir["#{@dir}/a/*"].size, files.inspect
+    assert_equal 1, Dir["#{@dir}/b/*"].size, files.inspect
+    files.each do |file|
+      result = Strobe.load(file)
+      paths = result[:markers].select { |m| m[:type] == :request }.map { |m| m[:data][:path] }.uniq
+      assert_equal [file.include?("/a/") ? "/first" : "/second"], paths, file
+    end
   end
 
   def test_bad_options_are_refused_when_built
     inner = ->(_) { [200, {}, []] }
     { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_interval: -1, save_at_exit: "no",
-      on_result: 3, permit: :yes, metadata: [], format: :svg }.each do |option, value|
+      on_result: 3, permit: :yes, metadata: [], format: :svg, idle_stop: -1 }.each do |option, value|
       error = assert_raises(ArgumentError, option.to_s) { Strobe::Middleware.new(inner, option => value) }
       assert_match(/#{option}/, error.message)
     end

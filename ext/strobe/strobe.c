@@ -14,6 +14,12 @@
 VALUE strobe_eProfileError;
 static VALUE mStrobe, mNative, eStrobeError, gc_anchor;
 
+/* GVL held: the starts of profiling in this process so far, sampled or
+ * traced; the number of the latest names the profile running now, for a
+ * caller that must stop only the one it started (Strobe::Middleware,
+ * running on between requests). */
+static unsigned long rounds;
+
 /* The Symbol for a C string literal. Result building asks for the same few
  * names per frame and per line, and rb_intern hashes the string each time,
  * so symbols are cached by the literal's address (GVL held; symbols from
@@ -116,6 +122,7 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
         if (fresh) strobe_profile_clear();
         rb_raise(eStrobeError, "cannot start profiling: %s", err);
     }
+    rounds++;
     return Qtrue;
 }
 
@@ -133,6 +140,7 @@ native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE path
     Check_Type(patterns, T_ARRAY);
     strobe_sampler_only(threads_arg(threads));
     strobe_trace_start(RTEST(cpu), rb_ary_dup(names), rb_ary_dup(paths), rb_ary_dup(patterns));
+    rounds++;
     return Qtrue;
 }
 
@@ -220,6 +228,24 @@ strobe_stop(VALUE self)
     stop_any();
     rb_funcall(mStrobe, rb_intern("stopped"), 0);
     return Qtrue;
+}
+
+/* Strobe::Native.round -> Integer: the number of the latest start (see
+ * rounds), 0 before the first. */
+static VALUE
+native_round(VALUE self)
+{
+    return ULONG2NUM(rounds);
+}
+
+/* Strobe::Native.stop_round(n) -> bool: Strobe.stop, if the profile running
+ * is the one start number n began; false otherwise. In C so that no other
+ * thread can stop it and start another between the check and the stop. */
+static VALUE
+native_stop_round(VALUE self, VALUE n)
+{
+    if (!FIXNUM_P(n) || !running() || FIX2LONG(n) < 0 || (unsigned long)FIX2LONG(n) != rounds) return Qfalse;
+    return strobe_stop(mStrobe);
 }
 
 static VALUE
@@ -375,6 +401,8 @@ Init_strobe(void)
     rb_define_const(mNative, "NATIVE_FRAMES", strobe_native_available() ? Qtrue : Qfalse);
     rb_define_singleton_method(mNative, "trace_start", native_trace_start, 5);
     rb_define_singleton_method(mNative, "trace_active?", native_trace_active_p, 0);
+    rb_define_singleton_method(mNative, "round", native_round, 0);
+    rb_define_singleton_method(mNative, "stop_round", native_stop_round, 1);
     rb_define_singleton_method(mNative, "stop", native_stop, 0);
     rb_define_singleton_method(mNative, "running?", native_running_p, 0);
     rb_define_singleton_method(mNative, "thread_registry", native_thread_registry, 0);

@@ -5,6 +5,7 @@ require "fileutils"
 require "stringio"
 require_relative "../strobe"
 require_relative "notifications"
+require_relative "middleware/idle_stop"
 
 module Strobe
   # Rack middleware that profiles the requests of a running application.
@@ -55,6 +56,12 @@ module Strobe
   #   sample_rate:  a fraction in (0, 1]: profile only that share of the
   #                 requests (chosen at random) that enabled: lets through;
   #                 with it, enabled: defaults to true
+  #   idle_stop:    seconds without a profiled request after which
+  #                 profiling stops (default 1; 0 or false: as the last
+  #                 request in flight ends). Meanwhile nothing is sampled
+  #                 with threads: :requests, and every thread with :all;
+  #                 requests that follow each other closely do not pay
+  #                 for starting and stopping it each time
   #   notifications: ActiveSupport notifications recorded as markers of
   #                 the threads they happen on while profiled: sets of
   #                 Strobe::Notifications (:sql, :controller, :views,
@@ -62,7 +69,8 @@ module Strobe
   #                 none
   #
   # Requests that overlap (threaded servers) share one profile: it starts
-  # with the first and stops when the last ends. The profile covers the
+  # with the first and stops idle_stop: seconds after the last ends, unless
+  # another has begun by then. The profile covers the
   # application's call, not the streaming of the body afterwards. Every
   # save_every profiled requests it is saved, whether or not others are
   # still running: then the profile so far is written and profiling goes
@@ -83,13 +91,21 @@ module Strobe
   # middleware is built.
   class Middleware
     OPTIONS = %i[enabled threads mode interval raw native metadata format path save_every save_interval
-                 save_at_exit on_result permit notifications sample_rate].freeze
+                 save_at_exit on_result permit notifications sample_rate idle_stop].freeze
     THREADS = %i[requests all].freeze
     # Threads a request starts inherit its scope by Fiber storage (3.2+).
     FIBER_STORAGE = Fiber.respond_to?(:[])
     DEFAULT_PATH = "tmp/strobe/"
     DEFAULT_SAVE_EVERY = 100   # requests
     DEFAULT_SAVE_INTERVAL = 60 # seconds
+    DEFAULT_IDLE_STOP = 1      # second
+
+    # The middleware whose requests Strobe's profile holds (running, or
+    # stopped and not saved yet); only one profile runs in a process.
+    @owner = nil
+    class << self
+      attr_accessor :owner # :nodoc:
+    end
     FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
     FORMAT_PARAM = /(?:\A|&)strobe_format=([^&]*)/
     # What ?strobe=1&strobe_format=NAME answers with, beside the flamegraph:
@@ -126,6 +142,11 @@ module Strobe
       @save_interval = check_schedule(:save_interval, options.fetch(:save_interval, DEFAULT_SAVE_INTERVAL),
                                       Numeric, "number of seconds")
       save_at_exit = check_switch(:save_at_exit, options.fetch(:save_at_exit, true))
+      @idle_stop = options.fetch(:idle_stop, DEFAULT_IDLE_STOP)
+      unless [false, nil].include?(@idle_stop) || (@idle_stop.is_a?(Numeric) && @idle_stop.real? && @idle_stop >= 0)
+        raise ArgumentError, "idle_stop must be a number of seconds or false, got #{@idle_stop.inspect}"
+      end
+      @idle_stop = nil if !@idle_stop || @idle_stop.zero?
       sets = options[:notifications]
       Notifications.events_of(Array(sets)) if sets # checked even where nothing is profiled
       @notifications = sets && (@enabled || @permit) ? Notifications.subscribe(*Array(sets)) : nil
@@ -135,6 +156,9 @@ module Strobe
       @active = 0     # requests in the shared profile now
       @since_save = 0 # enabled requests profiled since the last save
       @saved_at = now_s
+      @round = nil    # Native.round of the profile this middleware runs
+      @idle_since = nil
+      @armed = false  # IdleStop will call idle_check
       @warned = {}
       return unless @enabled
 
@@ -176,6 +200,8 @@ module Strobe
     # token becomes a profile label. (A request marker's name and path keep
     # the path as it came.)
     def self.path_shape(path)
+      return path unless path.match?(MAY_HOLD_ID) # (most paths, at a fraction of the cost)
+
       path.split("/", -1).map do |segment|
         stem, ext = segment.match(/\A(.+?)((?:\.[A-Za-z]\w{0,7})?)\z/)&.captures || [segment, ""]
         id = stem.match?(/\A\d+\z/) || stem.match?(/\A\h{8,}\z/) || stem.match?(/[@%]/) || stem.length >= 20 ||
@@ -183,6 +209,9 @@ module Strobe
         id ? ":id#{ext}" : segment
       end.join("/")
     end
+
+    # Matches every path with a segment path_shape would take for an id.
+    MAY_HOLD_ID = %r{[\d@%]|\h{8}|[^/]{20}}
 
     def self.request_path(env)
       path = env["PATH_INFO"].to_s
@@ -197,10 +226,34 @@ module Strobe
       deliver(@lock.synchronize { take_profile })
     end
 
+    # Called by IdleStop at the deadline idle_stop: set: stops this
+    # middleware's profile if no request has run since, or sets the
+    # deadline again from the last one's end.
+    def idle_check
+      @lock.synchronize do
+        @armed = false
+        next unless @active.zero? && @idle_since && running_mine?
+
+        due = @idle_since + @idle_stop
+        due > now_s ? arm(due) : stop_round
+      end
+    rescue StandardError => e
+      warn_once "profiling failed: #{e.message}"
+    end
+
+    # Another middleware of this process wants to start: if no request of
+    # this one is in flight, its profile (running on, or stopped and not
+    # yet saved) is saved now, so that neither holds the other's requests.
+    # Called with the other's lock held: nothing here takes another's.
+    def give_way
+      deliver(@lock.synchronize { take_profile if @active.zero? })
+    end
+
     # Takes what the profile holds (the caller holds @lock): after the last
     # request, its result; during requests, a cut of it; nil when there is
     # nothing, or the running profile is someone else's.
     private def take_profile
+      stop_round if @active.zero? # running on after the last request: taken whole
       @since_save = 0
       @saved_at = now_s
       return Strobe.results unless Strobe.running?
@@ -286,14 +339,18 @@ module Strobe
     def begin_profiling
       forked unless @pid == Process.pid
       @lock.synchronize do
-        if @active.zero?
+        if @active.zero? && !running_mine?
           # threads: :requests: the first request's thread, then each
           # request's own as it enters its scope.
           threads = @threads == :all ? :all : [Thread.current]
+          owner = Middleware.owner
+          owner.give_way if owner && !owner.equal?(self)
           unless Strobe.start(**@profile, threads: threads)
             warn_once "another profile is running: requests are served without profiling"
             return false
           end
+          @round = Native.round
+          Middleware.owner = self
         end
         @active += 1
       end
@@ -313,6 +370,38 @@ module Strobe
       @active = 0
       @since_save = 0
       @saved_at = now_s
+      @round = nil
+      @idle_since = nil
+      @armed = false
+    end
+
+    # With @lock held: whether the profile running is the one this
+    # middleware started (someone may have stopped it and started another).
+    def running_mine?
+      !@round.nil? && Native.round == @round && Strobe.running?
+    end
+
+    # With @lock held, as the last request in flight ends: profiling stops
+    # now, or idle_stop: seconds later if no request has begun by then.
+    def idle
+      return stop_round unless @idle_stop
+
+      @idle_since = now_s
+      arm(@idle_since + @idle_stop) unless @armed
+    end
+
+    def arm(due)
+      @armed = true
+      IdleStop.arm(self, due)
+    end
+
+    # With @lock held: stops this middleware's profile, if it runs. One that
+    # holds no counted request (only ?strobe=1 ones of a middleware not
+    # enabled for them) is dropped.
+    def stop_round
+      stopped = @round && Native.stop_round(@round)
+      @round = nil
+      Strobe.results if stopped && @since_save.zero?
     end
 
     # threads: :requests: this thread, and those it starts, are sampled
@@ -349,8 +438,13 @@ module Strobe
       method = env["REQUEST_METHOD"].to_s
       path = Middleware.request_path(env)
       status = response.is_a?(Array) ? response[0].to_i : nil
-      data = { method: method, path: path, status: status, endpoint: Middleware.endpoint(env) }
-      Markers.add(:request, "#{method} #{path}", since, Native.now_us, data)
+      status = nil unless status&.between?(0, 999)
+      # Plain already but for the Strings' encodings (Markers.add's work,
+      # without its generic pass over the data).
+      method = Markers.utf8(method)
+      path = Markers.utf8(path)
+      data = { method: method, path: path, status: status, endpoint: Markers.utf8(Middleware.endpoint(env)) }
+      Native.marker_add(:request, "#{method} #{path}", since, Native.now_us, data)
     rescue StandardError => e
       warn_once "could not mark the request: #{e.message}"
     end
@@ -360,21 +454,15 @@ module Strobe
       Fiber[Native::SCOPE_KEY] = previous if FIBER_STORAGE
     end
 
-    # The last of overlapping requests stops profiling. Every save_every
-    # counted requests the profile is taken (a cut of it while others run)
-    # and saved. A profile that holds no counted request (only ?strobe=1
-    # ones of a middleware not enabled for them) is dropped as it stops.
+    # The last of overlapping requests stops profiling (idle_stop: seconds
+    # later). Every save_every counted requests the profile is taken (a cut
+    # of it while others run) and saved.
     def end_profiling(counted:)
       result = @lock.synchronize do
         @active -= 1
         @since_save += 1 if counted
-        Strobe.stop if @active.zero?
-        if save_due?
-          take_profile
-        elsif @active.zero? && @since_save.zero?
-          Strobe.results
-          nil
-        end
+        idle if @active.zero?
+        take_profile if save_due?
       end
       deliver(result)
     rescue StandardError => e
