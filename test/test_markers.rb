@@ -45,10 +45,15 @@ class TestMarkers < Minitest::Test
   def test_marks_where_nothing_is_sampled_only_run_the_block
     assert_equal 7, Strobe.mark("idle") { 7 }
     assert_nil Strobe.mark("idle")
-    other = Thread.new { sleep 0.2 }
+    ready = Queue.new
+    other = Thread.new { ready << Thread.current.native_thread_id; sleep 0.2 }
+    other_id = ready.pop
     result = Strobe.run(mode: :wall, interval: 1000, threads: [other]) { Strobe.mark("main, not profiled") { spin(0.01) } }
     other.join
-    assert_nil result[:markers], "no marker for a thread that is not profiled"
+    # (The profiled thread may have waited for the GVL meanwhile: a marker
+    # of its own.)
+    assert_equal [], (result[:markers] || []).reject { |m| m[:thread] == other_id && m[:type] == :gvl },
+                 "no marker for a thread that is not profiled"
   end
 
   def test_gc_pauses_are_markers_with_phases_and_reason
@@ -67,6 +72,64 @@ class TestMarkers < Minitest::Test
     assert_kind_of String, gc[:data][:major_by]
     assert_equal %w[marking sweeping], gc[:data][:phases], "GC.start marks and sweeps at once"
     assert_operator gc[:end], :>=, gc[:start]
+  end
+
+  # Uses this much of the calling thread's CPU time in Ruby code (seconds).
+  def burn(seconds)
+    clock = Process::CLOCK_THREAD_CPUTIME_ID
+    deadline = Process.clock_gettime(clock) + seconds
+    nil while Process.clock_gettime(clock) < deadline
+  end
+
+  # Ruby 3.2+ (GVL events): a thread's stretches of waiting for the GVL and
+  # of being blocked without it, 100 µs or more, are markers on its
+  # timeline; one under way as profiling stops ends there. Two threads
+  # burning CPU take turns with the GVL (Ruby's 100 ms time slice), so each
+  # waits; a sleeping one is blocked for its sleep.
+  def test_gvl_waits_and_blocks_are_markers
+    ids = Queue.new
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
+      Thread.new { ids << [:sleeper, Thread.current.native_thread_id]; sleep 0.05 }.join
+      2.times.map { |i| Thread.new { ids << [i, Thread.current.native_thread_id]; burn(0.25) } }.each(&:join)
+      Thread.new { ids << [:late, Thread.current.native_thread_id]; sleep 0.2 }
+      sleep 0.05
+    end
+    ids = Array.new(ids.size) { ids.pop }.to_h
+    gvl = result[:markers].select { |m| m[:type] == :gvl }
+    unless Strobe::Native::GVL_STATES
+      assert_empty gvl, "no GVL events on Ruby #{RUBY_VERSION}: no such markers"
+      return
+    end
+    gvl.each do |m|
+      assert_includes [["GVL wait", { state: "waiting" }], ["Blocked", { state: "blocked" }]], [m[:name], m[:data]]
+      assert_operator m[:end] - m[:start], :>=, 100
+    end
+    blocked = ->(id) { gvl.select { |m| m[:thread] == id && m[:name] == "Blocked" } }
+    assert_operator blocked.(ids[:sleeper]).map { |m| m[:end] - m[:start] }.max.to_i, :>=, 45_000, "its sleep"
+    [0, 1].each { |i| refute_empty gvl.select { |m| m[:thread] == ids[i] && m[:name] == "GVL wait" }, "burner #{i}" }
+    late = blocked.(ids[:late]).max_by { |m| m[:end] }
+    refute_nil late, "a stretch under way at the stop ends there"
+    assert_operator late[:end] - late[:start], :>=, 40_000, "blocked from its start to the stop"
+
+    io = StringIO.new
+    Strobe::Report.new(result).print_firefox(io)
+    doc = JSON.parse(io.string)
+    assert_firefox_invariants(doc)
+    categories = doc["meta"]["categories"].map { |c| c["name"] }
+    track = doc["threads"].find { |t| t["tid"] == ids[0] }
+    waits = track["markers"]["name"].each_index.select { |k| track["stringArray"][track["markers"]["name"][k]] == "GVL wait" }
+    refute_empty waits
+    waits.each { |k| assert_equal "GVL wait", categories[track["markers"]["category"][k]] }
+  end
+
+  # A thread started while profiled has its start and end on its timeline.
+  def test_threads_start_and_end_as_markers
+    id = nil
+    result = Strobe.run(mode: :wall, interval: 1000) { Thread.new { id = Thread.current.native_thread_id; spin(0.005) }.join }
+    mine = result[:markers].select { |m| m[:type] == :thread && m[:thread] == id }
+    assert_equal ["Thread start", "Thread end"], mine.map { |m| m[:name] }
+    assert(mine.all? { |m| m[:end].nil? && m[:data].nil? }, "instants")
+    assert_operator mine[0][:start], :<=, mine[1][:start]
   end
 
   # In the Firefox Profiler export, each thread's own markers are on its

@@ -5,7 +5,9 @@
  *   per thread  a markers table: name (an index into the thread's string
  *               array), startTime and endTime in milliseconds on the
  *               samples' time base, phase (0 an instant, 1 an interval),
- *               category (GC for GC pauses, else Other) and data, whose
+ *               category (GC for GC pauses, GVL for a GVL wait, Idle
+ *               for a thread blocked without the GVL, else Other) and
+ *               data, whose
  *               "type" names the marker's schema;
  *   meta        a marker schema per marker type ("strobe:gc",
  *               "strobe:request", "strobe:user", ...), shown in the marker
@@ -42,11 +44,28 @@ typedef struct {
     uint8_t kind[STROBE_FF_MAX_FIELDS];
 } schema_t;
 
+static int
+type_is(VALUE type, const char *name)
+{
+    return type == strobe_sym(name);
+}
+
+/* GC pauses in the GC category; a GVL wait in the GVL one, a thread
+ * blocked without the GVL as idle; the rest Other. */
+static uint8_t
+category_of(VALUE type, VALUE name)
+{
+    if (type_is(type, "gc")) return STROBE_FF_CAT_GC;
+    if (!type_is(type, "gvl")) return STROBE_FF_CAT_OTHER;
+    return RSTRING_LEN(name) == 8 && !memcmp(RSTRING_PTR(name), "GVL wait", 8) ? STROBE_FF_CAT_GVL_WAIT : STROBE_FF_CAT_IDLE;
+}
+
 typedef struct {
     long at;          /* its position in result[:markers] */
     uint32_t thread;  /* its track */
     uint32_t schema;
     int64_t start_us, end_us; /* end -1: an instant */
+    uint8_t category; /* STROBE_FF_CAT_* */
 } entry_t;
 
 struct strobe_ff_markers {
@@ -247,6 +266,7 @@ strobe_ff_markers_read(strobe_ff_markers_t *m, report_t *r, const strobe_samples
             struct field_scan fs = { &m->schemas[e->schema], m->list, data, 0 };
             if (!NIL_P(data)) rb_hash_foreach(data, scan_field, (VALUE)&fs);
             ok = !fs.bad;
+            e->category = category_of(type, name);
         }
         if (!ok) {
             st_free_table(track);
@@ -392,11 +412,6 @@ out_label(out_t *o, VALUE key)
     strobe_out_json_str(o, label);
 }
 
-static int
-type_is(VALUE type, const char *name)
-{
-    return type == strobe_sym(name);
-}
 
 void
 strobe_ff_markers_write_schema(out_t *o, const strobe_ff_markers_t *m)
@@ -418,6 +433,11 @@ strobe_ff_markers_write_schema(out_t *o, const strobe_ff_markers_t *m)
                           "when the application raised) and endpoint (Rails' Controller#action).";
         } else if (type_is(sc->type, "user")) {
             description = "A span or an instant marked with Strobe.mark.";
+        } else if (type_is(sc->type, "gvl")) {
+            description = "This thread waiting for the GVL (GVL wait: ready to run, another thread holds it) or "
+                          "blocked without it (IO, sleep, a lock, C code that released it), for 100 µs or more.";
+        } else if (type_is(sc->type, "thread")) {
+            description = "This thread's start or end.";
         } else {
             description = "A marker of this type, with its data.";
         }
@@ -511,7 +531,7 @@ strobe_ff_markers_write_thread(out_t *o, const strobe_ff_markers_t *m, long t, s
     OUT_LIT(o, "],\"category\":[");
     for (size_t i = from; i < to; i++) {
         if (i > from) OUT_LIT(o, ",");
-        out_i64(o, m->schemas[m->entries[i].schema].type == sym_gc ? STROBE_FF_CAT_GC : STROBE_FF_CAT_OTHER);
+        out_i64(o, m->entries[i].category);
     }
     OUT_LIT(o, "],\"length\":");
     out_u64(o, to - from, 0);

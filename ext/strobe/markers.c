@@ -2,7 +2,9 @@
  * markers.c - the marker timeline: a growable array of markers kept in the
  * profile (strobe_profile.markers, under the profile lock), turned into the
  * result's :markers Array; Native.marker_add, by which Ruby code (the
- * middleware's requests, Strobe.mark) adds its own.
+ * middleware's requests, Strobe.mark) adds its own. The C kinds (GC
+ * pauses, GVL stretches, threads' starts and ends) hold no Ruby object
+ * and are given their type, name and data as the result is made.
  *
  * strobe_markers_add allocates no Ruby object and calls no Ruby method: the
  * GC hooks use it from inside GC. Nothing here runs in a signal handler.
@@ -15,8 +17,8 @@
 int
 strobe_markers_add(strobe_markers_t *markers, const strobe_marker_t *m)
 {
-    int gc = m->kind == STROBE_MARKER_GC;
-    if (gc && markers->gc_len >= STROBE_MAX_GC_MARKERS) {
+    int gc = m->kind == STROBE_MARKER_GC, gvl = m->kind == STROBE_MARKER_GVL;
+    if ((gc && markers->gc_len >= STROBE_MAX_GC_MARKERS) || (gvl && markers->gvl_len >= STROBE_MAX_GVL_MARKERS)) {
         markers->dropped++;
         return 0;
     }
@@ -33,6 +35,7 @@ strobe_markers_add(strobe_markers_t *markers, const strobe_marker_t *m)
     }
     markers->items[markers->len++] = *m;
     markers->gc_len += gc;
+    markers->gvl_len += gvl;
     return 1;
 }
 
@@ -102,6 +105,50 @@ gc_data(const strobe_marker_t *m)
     return data;
 }
 
+/* A marker's type, name and data as the result has them: the C kinds'
+ * made here, a Ruby marker's as given. */
+static VALUE
+type_of(const strobe_marker_t *m)
+{
+    switch (m->kind) {
+    case STROBE_MARKER_GC: return strobe_sym("gc");
+    case STROBE_MARKER_GVL: return strobe_sym("gvl");
+    case STROBE_MARKER_THREAD: return strobe_sym("thread");
+    default: return m->type;
+    }
+}
+
+static VALUE
+name_of_marker(const strobe_marker_t *m)
+{
+    switch (m->kind) {
+    case STROBE_MARKER_GC: return rb_str_new_cstr("GC");
+    case STROBE_MARKER_GVL: return rb_str_new_cstr(m->state == STROBE_STATE_WAITING ? "GVL wait" : "Blocked");
+    case STROBE_MARKER_THREAD: return rb_str_new_cstr(m->state ? "Thread start" : "Thread end");
+    default: return m->name;
+    }
+}
+
+/* A GVL stretch's data: its state, as samples name states. */
+static VALUE
+gvl_data(const strobe_marker_t *m)
+{
+    VALUE data = rb_hash_new();
+    rb_hash_aset(data, strobe_sym("state"), rb_str_new_cstr(m->state == STROBE_STATE_WAITING ? "waiting" : "blocked"));
+    return data;
+}
+
+static VALUE
+data_of(const strobe_marker_t *m)
+{
+    switch (m->kind) {
+    case STROBE_MARKER_GC: return gc_data(m);
+    case STROBE_MARKER_GVL: return gvl_data(m);
+    case STROBE_MARKER_THREAD: return Qnil;
+    default: return m->data;
+    }
+}
+
 static int
 by_start(const void *a, const void *b)
 {
@@ -124,15 +171,14 @@ strobe_markers_results(const strobe_markers_t *markers, VALUE thread_ids)
     for (size_t i = 0; i < markers->len; i++) {
         const strobe_marker_t *m = order[i];
         VALUE h = rb_hash_new();
-        int gc = m->kind == STROBE_MARKER_GC;
-        rb_hash_aset(h, sym_type, gc ? strobe_sym("gc") : m->type);
-        rb_hash_aset(h, sym_name, gc ? rb_str_new_cstr("GC") : m->name);
+        rb_hash_aset(h, sym_type, type_of(m));
+        rb_hash_aset(h, sym_name, name_of_marker(m));
         VALUE thread = Qnil;
         if (m->thread >= 0 && m->thread < RARRAY_LEN(thread_ids)) thread = RARRAY_AREF(thread_ids, m->thread);
         rb_hash_aset(h, sym_thread, thread);
         rb_hash_aset(h, sym_start, LL2NUM(m->start_us));
         rb_hash_aset(h, sym_end, m->end_us < 0 ? Qnil : LL2NUM(m->end_us));
-        rb_hash_aset(h, sym_data, gc ? gc_data(m) : m->data);
+        rb_hash_aset(h, sym_data, data_of(m));
         rb_ary_push(list, h);
     }
     free(order);

@@ -1,7 +1,8 @@
 /*
  * markers.h - the marker timeline kept beside the samples: what happened
- * on a thread and when (a GC pause, a request, a user's block), each with
- * a start, an end (or none: an instant) and data.
+ * on a thread and when (a GC pause, a wait for the GVL, a thread's start,
+ * a request, a user's block), each with a start, an end (or none: an
+ * instant) and data.
  */
 #ifndef STROBE_MARKERS_H
 #define STROBE_MARKERS_H 1
@@ -15,10 +16,14 @@
  * at most half, so they never crowd out requests and Strobe.mark. */
 #define STROBE_MAX_MARKERS 200000
 #define STROBE_MAX_GC_MARKERS (STROBE_MAX_MARKERS / 2)
+/* GVL stretches likewise, at most a quarter. */
+#define STROBE_MAX_GVL_MARKERS (STROBE_MAX_MARKERS / 4)
 
 typedef enum {
     STROBE_MARKER_GC = 1,    /* a GC pause (gcspan.c) */
-    STROBE_MARKER_RUBY       /* from Ruby: type, name and data given */
+    STROBE_MARKER_RUBY,      /* from Ruby: type, name and data given */
+    STROBE_MARKER_GVL,       /* waiting for the GVL or blocked without it (gvlspan.c) */
+    STROBE_MARKER_THREAD     /* a thread's start or end, an instant (sampler.c) */
 } strobe_marker_kind_t;
 
 /* GC phases a pause ran (bits). */
@@ -30,6 +35,7 @@ typedef struct {
     int thread;              /* profile thread index, -1 none */
     uint8_t kind;            /* strobe_marker_kind_t */
     uint8_t gc_phases;       /* GC: STROBE_GC_* */
+    uint8_t state;           /* GVL: STROBE_STATE_WAITING or _BLOCKED; THREAD: 1 start, 0 end */
     /* GC: gc_by and major_by (static Symbols or nil, immediates). RUBY:
      * type (a Symbol), name (a String) and data (a Hash or nil). */
     VALUE type, name, data;
@@ -39,6 +45,7 @@ typedef struct {
     strobe_marker_t *items;
     size_t len, capa;
     size_t gc_len;           /* of which GC pauses */
+    size_t gvl_len;          /* and GVL stretches */
     uint64_t dropped;        /* not kept: STROBE_MAX_MARKERS reached, or no memory */
 } strobe_markers_t;
 

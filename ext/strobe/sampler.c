@@ -74,6 +74,7 @@
 #include "strobe.h"
 #include "sigstack.h"
 #include "gcspan.h"
+#include "gvlspan.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -333,6 +334,7 @@ resume_locked(strobe_thread_t *t, long id)
     if (cpu >= 0) t->cpu_last_ns = cpu - t->cpu_carry_ns;
     atomic_store(&t->idle_cpu_ns, -1); /* read its stack afresh */
     atomic_store(&t->deferred, 0);
+    strobe_gvlspan_begin(t, strobe_now_us()); /* no stretch from before */
     strobe_profile_lock();
     strobe_profile_forget_stack(t);
     strobe_profile_unlock();
@@ -476,6 +478,18 @@ register_running_threads(void)
     }
 }
 
+/* A thread's start (start 1) or end (0) on its timeline, if it is sampled. */
+static void
+thread_marker(strobe_thread_t *t, int start)
+{
+    if (!t || !strobe_sampler_sampled(t)) return;
+    strobe_marker_t m = {
+        .start_us = strobe_now_us(), .end_us = -1, .kind = STROBE_MARKER_THREAD, .state = (uint8_t)start,
+        .type = Qnil, .name = Qnil, .data = Qnil,
+    };
+    strobe_profile_add_marker(t, &m);
+}
+
 /* Runs on the thread that begins or ends, with the GVL. */
 static void
 thread_hook(VALUE tpval, void *data)
@@ -492,10 +506,12 @@ thread_hook(VALUE tpval, void *data)
         } else if (open_scopes_len) { /* some scope is open: maybe its creator's */
             inherit_scope(thread);
         }
+        thread_marker(strobe_threads_self(), 1);
         return;
     }
     strobe_thread_t *t = strobe_threads_self();
     if (!t) return;
+    thread_marker(t, 0);
     strobe_sampler_flush(); /* its captured samples still name it */
     strobe_profile_thread_ended(t);
     strobe_threads_end(t);
@@ -532,7 +548,7 @@ gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, vo
      * stack as it leaves the GVL is noted for the timer to repeat while it
      * is parked. */
     if (state == STROBE_STATE_RUNNING) strobe_placement_resumed(t);
-    atomic_store_explicit(&t->gvl_state, state, memory_order_relaxed);
+    strobe_gvlspan_change(t, state);
     if (event & RUBY_INTERNAL_THREAD_EVENT_SUSPENDED && atomic_load_explicit(&t->mobile, memory_order_relaxed)) {
         /* :wall repeats it at each tick while parked. :cpu needs it only
          * when the thread has used an interval of CPU since its latest
@@ -572,6 +588,20 @@ gvl_hook_remove(void)
     if (S.gvl_hook) rb_internal_thread_remove_event_hook(S.gvl_hook);
     S.gvl_hook = NULL;
 #endif
+}
+
+/* As profiling stops (the hook removed): each thread's stretch of waiting
+ * or blocked under way ends now (gvlspan.c). */
+static void
+close_gvl_stretches(void)
+{
+    int64_t now = strobe_now_us();
+    strobe_threads_lock();
+    for (int i = 0, n = strobe_threads_len(); i < n; i++) {
+        strobe_thread_t *t = strobe_threads_at(i);
+        if (atomic_load_explicit(&t->state, memory_order_acquire) == STROBE_THREAD_LIVE) strobe_gvlspan_close(t, now);
+    }
+    strobe_threads_unlock();
 }
 
 /* Time modes: follow GVL states where Ruby reports them. Before the
@@ -1387,6 +1417,7 @@ strobe_sampler_stop(void)
         S.process_timer = 0;
         S.safepoint_timer = 0;
         gvl_states_stop();
+        close_gvl_stretches();
         uninstall_handler();
     } else if (S.mode == STROBE_MODE_OBJECT) {
         rb_tracepoint_disable(S.newobj_hook);

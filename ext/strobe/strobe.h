@@ -165,6 +165,7 @@ typedef struct {
     int64_t cpu_carry_ns;    /* :cpu: CPU it had used towards its next sample as it paused */
     int64_t handler_cpu_ns;  /* handler (JIT deferral): its CPU time as it last returned, 0 none */
     _Atomic uint8_t gvl_state; /* STROBE_STATE_*, set by the GVL hook */
+    _Atomic int64_t gvl_since_us; /* when gvl_state began (gvlspan.c), 0 unknown */
     _Atomic int64_t last_seq; /* ring seq of this thread's newest slot, -1 none */
     int profile_index;       /* its entry in strobe_profile.threads, -1 unknown */
     _Atomic int64_t cpu_last_ns; /* CPU mode (timer thread; the GVL hook reads it): CPU time at the last signal */

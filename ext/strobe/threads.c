@@ -34,6 +34,7 @@
  * are its placement (placement.c).
  */
 #include "strobe.h"
+#include "gvlspan.h"
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>
@@ -238,6 +239,7 @@ strobe_threads_add(pid_t tid, VALUE thread, int state)
     t->profile_index = -1;
     atomic_store(&t->idle_cpu_ns, -1);
     atomic_store(&t->gvl_state, (uint8_t)state);
+    strobe_gvlspan_begin(t, strobe_now_us());
     int64_t cpu = strobe_placement_cpu_ns(t, 1);
     if (cpu >= 0) t->cpu_last_ns = cpu;
     atomic_store_explicit(&t->state, STROBE_THREAD_LIVE, memory_order_release);
