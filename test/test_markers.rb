@@ -137,7 +137,7 @@ class TestMarkers < Minitest::Test
   def test_markers_in_the_firefox_export
     worker = nil
     result = Strobe.run(mode: :wall, interval: 1000, raw: true) do
-      Strobe.mark("outer", step: 1) { spin(0.01) }
+      Strobe.mark("outer", step: 1) { spin(0.05) }
       Thread.new do
         worker = Thread.current.native_thread_id
         Strobe.mark("inner") { spin(0.01) }
@@ -158,7 +158,8 @@ class TestMarkers < Minitest::Test
     outer = main["markers"]["name"].index { |i| main["stringArray"][i] == "outer" }
     times = main["samples"]["time"]
     start, finish = main["markers"]["startTime"][outer], main["markers"]["endTime"][outer]
-    assert_operator finish - start, :>=, 10.0
+    assert_operator finish - start, :>=, 50.0
+    # (About 50; a loaded machine misses some.)
     assert_operator times.count { |t| t.between?(start, finish) }, :>=, 3, "its samples fall in its span"
   end
 

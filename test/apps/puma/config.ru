@@ -2,7 +2,10 @@
 
 # A Rack app under Puma for test_puma.rb: each request burns a little CPU and
 # answers with its process's pid. With MASTER_PROFILE set, the master
-# profiles its own work before the workers fork (preload_app!).
+# profiles its own work before the workers fork (preload_app!). With
+# PER_REQUEST set, the middleware answers permitted ?strobe=1 requests with
+# their own profiles, and /posts reports what a Rails app would through
+# ActiveSupport notifications (a query, the action).
 require "strobe/middleware"
 
 module PumaApp
@@ -15,6 +18,17 @@ module PumaApp
 
   def master_work = spin(0.2)
   def worker_work = spin(0.01)
+
+  def posts
+    notifications = ActiveSupport::Notifications
+    payload = { controller: "PostsController", action: "index", method: "GET", path: "/posts", status: 200 }
+    notifications.instrument("process_action.action_controller", payload) do
+      notifications.instrument("sql.active_record", name: "Post Load", sql: "SELECT * FROM posts WHERE id = 42") do
+        spin(0.005)
+      end
+      worker_work
+    end
+  end
 end
 
 if ENV["MASTER_PROFILE"]
@@ -22,6 +36,16 @@ if ENV["MASTER_PROFILE"]
   PumaApp.master_work
 end
 
-use Strobe::Middleware, enabled: true, mode: :wall, path: "#{ENV.fetch('STROBE_OUT')}/", save_every: false,
-                        save_interval: false
-run ->(_env) { PumaApp.worker_work; [200, { "content-type" => "text/plain" }, [Process.pid.to_s]] }
+if ENV["PER_REQUEST"]
+  require "active_support"
+  require "active_support/notifications"
+  use Strobe::Middleware, permit: ->(env) { env["REMOTE_ADDR"] == "127.0.0.1" }, notifications: %i[sql controller]
+  run lambda { |env|
+    env["PATH_INFO"] == "/posts" ? PumaApp.posts : PumaApp.worker_work
+    [200, { "content-type" => "text/plain" }, [Process.pid.to_s]]
+  }
+else
+  use Strobe::Middleware, enabled: true, mode: :wall, path: "#{ENV.fetch('STROBE_OUT')}/", save_every: false,
+                          save_interval: false
+  run ->(_env) { PumaApp.worker_work; [200, { "content-type" => "text/plain" }, [Process.pid.to_s]] }
+end
