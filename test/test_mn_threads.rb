@@ -113,7 +113,7 @@ class TestMNThreads < Minitest::Test
   def child_report(code, mn: true, args: [])
     out, err, status = run_ruby("require 'json'\n#{code}", env: { "RUBY_MN_THREADS" => mn ? "1" : nil }, args: args,
                                                            timeout: 120)
-    assert status.success?, err
+    assert status.success?, "#{status.inspect}: #{err}"
     JSON.parse(out.lines.last, symbolize_names: true)
   end
 

@@ -39,7 +39,7 @@ class TestNotifications < Minitest::Test
       end
       sub.unsubscribe
       after = Strobe.run(mode: :wall, interval: 1000) { ActiveSupport::Notifications.instrument("sql.active_record", sql: "SELECT 2") { spin(0.005) } }
-      puts JSON.generate(result[:markers].reject { |m| m[:type] == :gc } + (after[:markers] || []).reject { |m| m[:type] == :gc } +
+      puts JSON.generate(result[:markers].reject { |m| %i[gc gvl thread].include?(m[:type]) } + (after[:markers] || []).reject { |m| %i[gc gvl thread].include?(m[:type]) } +
                          [{ main: result[:threads].find { |_, t| t[:main] }.first }])
     RUBY
     main = markers.pop[:main]
@@ -70,7 +70,7 @@ class TestNotifications < Minitest::Test
                                                 count: 3, locals: { secret: 1 }) { }
         other.join
       end
-      puts JSON.generate(result[:markers].reject { |m| m[:type] == :gc })
+      puts JSON.generate(result[:markers].reject { |m| %i[gc gvl thread].include?(m[:type]) })
     RUBY
     cache, sql, partial = markers
     assert_equal 3, markers.size, "not the thread that is not profiled"
@@ -97,7 +97,7 @@ class TestNotifications < Minitest::Test
       idle.call(Rack::MockRequest.env_for("/posts"))
       mw.call(Rack::MockRequest.env_for("/posts"))
       listeners = ActiveSupport::Notifications.notifier.listeners_for("sql.active_record").size
-      puts JSON.generate(results.pop[:markers].reject { |m| m[:type] == :gc }.map { |m| m.slice(:type, :name) } + [listeners])
+      puts JSON.generate(results.pop[:markers].reject { |m| %i[gc gvl thread].include?(m[:type]) }.map { |m| m.slice(:type, :name) } + [listeners])
     RUBY
     assert_equal 1, markers.pop, "one subscription: the middleware that profiles"
     assert_equal [{ type: "request", name: "GET /posts" }, { type: "sql.active_record", name: "Post Load" }],
@@ -127,7 +127,7 @@ class TestNotifications < Minitest::Test
         Strobe.save(result, File.join(dir, "p.json"))
         Strobe.load(File.join(dir, "p.json"))
       end
-      puts JSON.generate(loaded[:markers].reject { |m| m[:type] == :gc }.map { |m| m.slice(:type, :name, :data) })
+      puts JSON.generate(loaded[:markers].reject { |m| %i[gc gvl thread].include?(m[:type]) }.map { |m| m.slice(:type, :name, :data) })
     RUBY
     assert_equal [
       { type: "sql.active_record", name: "User Create", data: { sql: "INSERT INTO users (email, password_digest, age) VALUES (?, ?, ?)" } },

@@ -49,6 +49,18 @@ class TestThreadReport < Minitest::Test
     end
   end
 
+  # A thread listed without samples (one that only has markers: a GVL
+  # stretch, a thread's start) gets an empty part, not the others' columns.
+  def test_a_thread_without_samples_gets_an_empty_part
+    result = two_thread_result
+    result[:threads][999_999] = { name: "marked only", samples: 0 }
+    part = Strobe::Report.thread_result(result, 999_999)
+    assert_equal [0, [999_999]], [part[:samples], part[:threads].keys]
+    %i[raw raw_lines raw_sample_threads raw_sample_timestamps raw_timestamp_deltas].each do |key|
+      assert_equal [], part[key], key.to_s
+    end
+  end
+
   def test_a_report_for_one_thread_needs_raw_data_and_a_known_thread
     result = two_thread_result(raw: false)
     error = assert_raises(ArgumentError) { Strobe::Report.new(result, thread: tid(result, "A")) }

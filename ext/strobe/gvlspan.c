@@ -4,7 +4,8 @@
  * The GVL hook (sampler.c) reports each registered thread's changes of
  * state: holding the GVL, ready and waiting for it, or blocked without it
  * (IO, sleep, a lock, C code that released it). A stretch of waiting or
- * blocked that lasted STROBE_GVL_MARKER_MIN_US or more and ends while the
+ * blocked (not in :cpu, which profiles what threads run) that lasted
+ * STROBE_GVL_MARKER_MIN_US or more and ends while the
  * thread is sampled becomes a marker on its timeline (markers.c: type
  * :gvl, "GVL wait" or "Blocked"), from the moment the state began. Shorter
  * ones are left to the samples' states (result[:threads][id][:states]):
@@ -28,7 +29,10 @@ strobe_gvlspan_begin(strobe_thread_t *t, int64_t now_us)
 static void
 add(strobe_thread_t *t, uint8_t state, int64_t since_us, int64_t now_us)
 {
-    if (state != STROBE_STATE_WAITING && state != STROBE_STATE_BLOCKED) return;
+    /* :cpu profiles what threads run: waiting for the GVL is wanting to,
+     * but a blocked thread's time is not in it (else every idle thread
+     * would join the profile with a marker and no sample). */
+    if (state != STROBE_STATE_WAITING && (state != STROBE_STATE_BLOCKED || strobe_profile.mode == STROBE_MODE_CPU)) return;
     if (since_us <= 0 || now_us - since_us < STROBE_GVL_MARKER_MIN_US) return;
     if (!strobe_sampler_sampled(t)) return; /* paused between scopes */
     strobe_marker_t m = {

@@ -299,9 +299,14 @@ subset_body(VALUE arg)
                                    strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas"), &start))
             CORRUPT("raw_timestamp_deltas[0] is out of range");
     if (s->timed && has_times && n && start) start = narrow_to_windows(s, result, out, start);
-    strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes, has_times ? s->times : NULL,
-                       s->thread_ids, s->threads, has_states ? (s->states ? s->states : (uint8_t *)"") : NULL,
-                       start, frame_ids);
+    /* (With no sample kept the arrays were never made: the columns are
+     * still written, empty, not left as the whole profile's.) */
+    static const uint16_t no_threads[1];
+    static const int64_t no_times[1];
+    strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes,
+                       has_times ? (s->times ? s->times : no_times) : NULL,
+                       s->thread_ids, s->threads ? s->threads : no_threads,
+                       has_states ? (s->states ? s->states : (uint8_t *)"") : NULL, start, frame_ids);
     if (!has_times) {
         rb_hash_delete(out, strobe_sym("raw_sample_timestamps"));
         rb_hash_delete(out, strobe_sym("raw_timestamp_deltas"));
