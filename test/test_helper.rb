@@ -102,6 +102,16 @@ module StrobeTestHelpers
     end
   end
 
+  # Polls until the block is true: a safeguard against a hang, not a timing
+  # check; the failure shows context.call.
+  def wait_until(seconds, context = -> { "" })
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    until yield
+      flunk "gave up after #{seconds} s waiting; so far:\n#{context.call}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      sleep 0.05
+    end
+  end
+
   # Runs another program (dot, callgrind_annotate, chromium) without the
   # sanitizer runtime `rake test:asan` preloads into this process.
   def run_tool(*command, timeout: 120)

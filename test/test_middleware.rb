@@ -394,14 +394,6 @@ class TestMiddleware < Minitest::Test
     refute Strobe.running?, "the request's end stops profiling (idle_stop: false)"
   end
 
-  def wait_until(what, seconds: 10)
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
-    until yield
-      flunk "not within #{seconds} s: #{what}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      sleep 0.01
-    end
-  end
-
   # Requests close together share one run of the profiler (a start and a
   # stop cost about 85 µs): it runs on idle_stop: seconds after the last
   # request, with the requests' threads paused (nothing of this thread's
@@ -415,7 +407,7 @@ class TestMiddleware < Minitest::Test
     sleep 0.1
     mw.call(Rack::MockRequest.env_for("/?cpu=20"))
     assert_equal round, Strobe::Native.round, "the second request started nothing"
-    wait_until("profiling stops once idle") { !Strobe.running? }
+    wait_until(10, -> { "profiling still runs" }) { !Strobe.running? }
     result = Strobe.load(mw.save)
     assert_equal 2, result[:markers].count { |m| m[:type] == :request }
     names = result[:frames].values.map { |f| f[:name] }

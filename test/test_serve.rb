@@ -98,16 +98,6 @@ class TestServe < Minitest::Test
     @launched.each { |wait| Process.kill(:KILL, -wait.pid) if wait.alive? }
   end
 
-  # Polls until the block is true: a safeguard against a hang, not a timing
-  # check; the failure shows context.call.
-  def wait_until(seconds, context = -> { "" })
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
-    until yield
-      flunk "gave up after #{seconds} s waiting; so far:\n#{context.call}" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      sleep 0.05
-    end
-  end
-
   def get(url, headers = {})
     uri = URI(url)
     Net::HTTP.start(uri.host, uri.port, open_timeout: 10, read_timeout: 60) do |http|
