@@ -473,6 +473,47 @@ class TestMiddleware < Minitest::Test
     end
   end
 
+  # Each of two middlewares stops its profile once idle, whichever armed
+  # the idle stop last; and the idle stop survives its thread being killed.
+  def test_every_profile_stops_once_idle
+    a, b = 2.times.map do
+      Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, save_every: 1000, idle_stop: 0.2)
+    end
+    a.call(Rack::MockRequest.env_for("/"))
+    b.call(Rack::MockRequest.env_for("/")) # saves a's profile, runs its own
+    wait_until(10, -> { "b's profile still runs" }) { !Strobe.running? }
+    a.call(Rack::MockRequest.env_for("/"))
+    wait_until(10, -> { "a's profile still runs" }) { !Strobe.running? }
+
+    Thread.list.select { |t| t.name == "strobe idle stop" }.each(&:kill).each(&:join)
+    a.call(Rack::MockRequest.env_for("/"))
+    wait_until(10, -> { "no idle stop after its thread was killed" }) { !Strobe.running? }
+  ensure
+    [a, b].compact.each { |m| m.instance_variable_set(:@since_save, 0) } # (nothing to save at exit)
+  end
+
+  # The idle stop's thread is in no profile, threads: :all included: it
+  # starts, and leaves profiling, before the first profile does.
+  def test_the_idle_stop_thread_is_never_profiled
+    code = <<~RUBY
+      require "strobe/middleware"
+      results = Queue.new
+      mw = Strobe::Middleware.new(->(_) { [200, {}, ["ok"]] }, enabled: true, threads: :all, mode: :wall,
+                                  save_every: false, save_interval: false, save_at_exit: false, idle_stop: 60,
+                                  on_result: ->(r) { results << r })
+      mw.call({})
+      sleep 0.05
+      mw.save
+      result = results.pop
+      names = result[:threads].values.map { |t| t[:name] }
+      marked = (result[:markers] || []).map { |m| result[:threads].dig(m[:thread], :name) }
+      p [names.include?("strobe idle stop"), marked.include?("strobe idle stop"), Strobe.running?]
+    RUBY
+    out, err, status = run_ruby(code, env: { "RUBYOPT" => nil })
+    assert status.success?, err
+    assert_equal "[false, false, false]\n", out.lines.last
+  end
+
   def test_bad_options_are_refused_when_built
     inner = ->(_) { [200, {}, []] }
     { enabled: "yes", mode: :fast, interval: -1, raw: 1, path: 5, save_every: 0, save_interval: -1, save_at_exit: "no",

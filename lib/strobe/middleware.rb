@@ -345,11 +345,13 @@ module Strobe
           threads = @threads == :all ? :all : [Thread.current]
           owner = Middleware.owner
           owner.give_way if owner && !owner.equal?(self)
+          IdleStop.prepare if @idle_stop
           unless Strobe.start(**@profile, threads: threads)
             warn_once "another profile is running: requests are served without profiling"
             return false
           end
           @round = Native.round
+          @armed = false # (a deadline of an earlier round may have been replaced)
           Middleware.owner = self
         end
         @active += 1
@@ -401,6 +403,7 @@ module Strobe
     def stop_round
       stopped = @round && Native.stop_round(@round)
       @round = nil
+      @armed = false # another middleware's deadline may replace this one's
       Strobe.results if stopped && @since_save.zero?
     end
 
@@ -573,6 +576,8 @@ module Strobe
       @warned[message] = true
       message = "#{MAX_WARNINGS} problems reported; further ones are not" if @warned.size > MAX_WARNINGS
       warn "Strobe::Middleware: #{Report.printable(message)}"
+    rescue IOError, SystemCallError
+      nil # stderr closed (a daemon): nothing to tell it on
     end
   end
 end

@@ -6,21 +6,30 @@ module Strobe
     # request has run for its idle_stop: seconds (Middleware#idle_check).
     # Strobe profiles the whole process, so at most one middleware's
     # profile runs at a time and one deadline is enough. The thread starts
-    # when first needed (again in a forked child, which has no threads but
-    # the forking one), is never profiled itself, and waits without a
-    # timeout while nothing is due.
+    # before a middleware's profile does (prepare; again in a forked child,
+    # which has no threads but the forking one, and if something killed
+    # it), is never profiled itself, and waits without a timeout while
+    # nothing is due.
     module IdleStop
       @pid = nil
+      @thread = nil
       @lock = Mutex.new # (a forked child's is unlocked: Ruby abandons the locks of threads it does not keep)
       @cond = ConditionVariable.new
       @due = nil # [middleware, monotonic deadline]
 
       class << self
+        # Starts the thread if this process has none alive, and waits until
+        # it has excluded itself from profiling: called before a profile
+        # starts, so that not even its start is in one.
+        def prepare
+          @lock.synchronize { start unless running? }
+        end
+
         # Calls middleware.idle_check at the monotonic time at (or soon
         # after), replacing whatever was due.
         def arm(middleware, at)
           @lock.synchronize do
-            start unless @pid == Process.pid
+            start unless running?
             @due = [middleware, at]
             @cond.signal
           end
@@ -28,14 +37,28 @@ module Strobe
 
         private
 
-        # With @lock held.
+        def running?
+          @pid == Process.pid && @thread&.alive?
+        end
+
+        # With @lock held (the new thread waits for it to take its first
+        # deadline, and Queue#pop lets it run meanwhile).
         def start
           @pid = Process.pid
-          thread = Thread.new do
+          ready = Queue.new
+          @thread = Thread.new do
             Native.exclude_current_thread
-            loop { due.idle_check }
+            ready << true
+            loop do
+              begin
+                due.idle_check
+              rescue StandardError
+                nil # (idle_check reports its own; nothing may end this thread)
+              end
+            end
           end
-          thread.name = "strobe idle stop"
+          @thread.name = "strobe idle stop"
+          ready.pop
         end
 
         # Waits for the deadline; returns its middleware.
