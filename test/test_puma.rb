@@ -13,23 +13,15 @@ class TestPuma < Minitest::Test
 
   # Runs a 2-worker cluster with args until each worker has served 3
   # requests, stops it, and yields its output directory, the requests served
-  # per worker pid and the master's pid. A shutdown that hangs where Puma's
-  # own race exists is run again (PUMA_SHUTDOWN_RACE); anywhere else, or a
-  # third time, it fails.
+  # per worker pid and the master's pid.
   def with_served_cluster(*args, env: {})
-    attempts = 0
-    begin
-      Dir.mktmpdir do |dir|
-        served = master = nil
-        with_puma(dir, APP, "-w", "2", "-t", "2:2", *args, env: env) do |port, pid|
-          master = pid
-          served = requests_per_worker(port, workers: 2, each: 3)
-        end
-        yield dir, served, master
+    retrying_shutdown_hang do |dir|
+      served = master = nil
+      with_puma(dir, APP, "-w", "2", "-t", "2:2", *args, env: env) do |port, pid|
+        master = pid
+        served = requests_per_worker(port, workers: 2, each: 3)
       end
-    rescue ShutdownHang => e
-      flunk e.message unless PUMA_SHUTDOWN_RACE && (attempts += 1) < 3
-      retry
+      yield dir, served, master
     end
   end
 
@@ -63,7 +55,7 @@ class TestPuma < Minitest::Test
   # of a Rack app whose code reports through ActiveSupport notifications
   # what a Rails app would (test_rails.rb runs a real one on Ruby 4.0).
   def test_a_request_gets_its_own_profile
-    Dir.mktmpdir do |dir|
+    retrying_shutdown_hang do |dir|
       with_puma(dir, APP, "-t", "4:4", env: { "PER_REQUEST" => "1" }) do |port|
         get(port, "/posts")
         assert_own_profiles(port, dir, "/posts", frame: "PumaApp.posts", endpoint: "GET /posts",

@@ -33,7 +33,7 @@ class TestRails < Minitest::Test
   # An application root in a temporary directory holding initializer as
   # config/initializers/strobe.rb; yields the directory.
   def with_app_root(initializer)
-    Dir.mktmpdir("strobe-rails") do |dir|
+    retrying_shutdown_hang("strobe-rails") do |dir|
       FileUtils.mkdir_p(File.join(dir, "config/initializers"))
       File.write(File.join(dir, "config/initializers/strobe.rb"), initializer)
       yield dir
