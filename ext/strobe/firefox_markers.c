@@ -57,7 +57,10 @@ category_of(VALUE type, VALUE name)
 {
     if (type_is(type, "gc")) return STROBE_FF_CAT_GC;
     if (!type_is(type, "gvl")) return STROBE_FF_CAT_OTHER;
-    return RSTRING_LEN(name) == 8 && !memcmp(RSTRING_PTR(name), "GVL wait", 8) ? STROBE_FF_CAT_GVL_WAIT : STROBE_FF_CAT_IDLE;
+    static const char wait[] = STROBE_GVL_WAIT_NAME;
+    return RSTRING_LEN(name) == (long)sizeof(wait) - 1 && !memcmp(RSTRING_PTR(name), wait, sizeof(wait) - 1)
+               ? STROBE_FF_CAT_GVL_WAIT
+               : STROBE_FF_CAT_IDLE;
 }
 
 typedef struct {
@@ -411,7 +414,6 @@ out_label(out_t *o, VALUE key)
     if (RSTRING_LEN(label) && p[0] >= 'a' && p[0] <= 'z') p[0] = (char)(p[0] - 'a' + 'A');
     strobe_out_json_str(o, label);
 }
-
 
 void
 strobe_ff_markers_write_schema(out_t *o, const strobe_ff_markers_t *m)

@@ -123,7 +123,7 @@ name_of_marker(const strobe_marker_t *m)
 {
     switch (m->kind) {
     case STROBE_MARKER_GC: return rb_str_new_cstr("GC");
-    case STROBE_MARKER_GVL: return rb_str_new_cstr(m->state == STROBE_STATE_WAITING ? "GVL wait" : "Blocked");
+    case STROBE_MARKER_GVL: return rb_str_new_cstr(m->state == STROBE_STATE_WAITING ? STROBE_GVL_WAIT_NAME : "Blocked");
     case STROBE_MARKER_THREAD: return rb_str_new_cstr(m->state ? "Thread start" : "Thread end");
     default: return m->name;
     }

@@ -26,6 +26,10 @@ typedef enum {
     STROBE_MARKER_THREAD     /* a thread's start or end, an instant (sampler.c) */
 } strobe_marker_kind_t;
 
+/* The name of a GVL marker of a thread waiting for the GVL (the Firefox
+ * export puts those in its GVL wait category). */
+#define STROBE_GVL_WAIT_NAME "GVL wait"
+
 /* GC phases a pause ran (bits). */
 enum { STROBE_GC_MARKING = 1, STROBE_GC_SWEEPING = 2 };
 

@@ -151,14 +151,7 @@ module Strobe
       Notifications.events_of(Array(sets)) if sets # checked even where nothing is profiled
       @notifications = sets && (@enabled || @permit) ? Notifications.subscribe(*Array(sets)) : nil
 
-      @lock = Mutex.new
-      @pid = Process.pid
-      @active = 0     # requests in the shared profile now
-      @since_save = 0 # enabled requests profiled since the last save
-      @saved_at = now_s
-      @round = nil    # Native.round of the profile this middleware runs
-      @idle_since = nil
-      @armed = false  # IdleStop will call idle_check
+      fresh_state
       @warned = {}
       return unless @enabled
 
@@ -337,7 +330,7 @@ module Strobe
     # The first of overlapping requests starts profiling. Returns whether
     # this request takes part in a profile (and must end it).
     def begin_profiling
-      forked unless @pid == Process.pid
+      fresh_state unless @pid == Process.pid
       @lock.synchronize do
         if @active.zero? && !running_mine?
           # threads: :requests: the first request's thread, then each
@@ -362,19 +355,20 @@ module Strobe
       false
     end
 
-    # In a process forked from the one the middleware was built or last
-    # served in (a Puma worker, one forked by fork_worker while serving):
-    # the requests in flight and those counted are the parent's, and no
-    # profile runs here (the child's copy of one is dropped, see sampler.c).
-    def forked
+    # What a middleware knows of its profile, as it is built, and again in
+    # a process forked from the one it was built or last served in (a Puma
+    # worker, one forked by fork_worker while serving): there the requests
+    # in flight and those counted are the parent's, and no profile runs
+    # (the child's copy of one is dropped, see sampler.c).
+    def fresh_state
       @lock = Mutex.new
       @pid = Process.pid
-      @active = 0
-      @since_save = 0
+      @active = 0     # requests in the shared profile now
+      @since_save = 0 # enabled requests profiled since the last save
       @saved_at = now_s
-      @round = nil
+      @round = nil    # Native.round of the profile this middleware runs
       @idle_since = nil
-      @armed = false
+      @armed = false  # IdleStop will call idle_check
     end
 
     # With @lock held: whether the profile running is the one this
