@@ -298,7 +298,7 @@ class TestStackprofDropin < Minitest::Test
     end
   end
 
-  def test_loading_the_real_stackprof_either_way_round_is_refused
+  def test_the_real_stackprof_loaded_first_is_refused
     code = <<~RUBY
       require "stackprof"
       begin
@@ -310,16 +310,45 @@ class TestStackprofDropin < Minitest::Test
     out, _, status = run_ruby(code)
     assert status.success?
     assert_match(/the stackprof gem is already loaded/, out)
-    lines = dropin(<<~RUBY)
-      begin
+  end
+
+  # A library that requires stackprof itself, loaded after the drop-in,
+  # gets the drop-in; the gem's own files loaded anyway (by path) are
+  # refused at their first method, with the drop-in kept.
+  def test_require_stackprof_after_the_dropin_loads_the_dropin
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "uses_stackprof.rb"), <<~RUBY)
         require "stackprof"
-      rescue LoadError => e
-        puts e.message
-      end
-      p [StackProf.method(:running?).owner == StackProf.singleton_class, StackProf.run(mode: :custom) { StackProf.sample }[:samples]]
-    RUBY
-    assert_match(/loaded after strobe\/stackprof/, lines[0])
-    assert_equal "[true, 1]", lines[1]
+        require "stackprof/report"
+        require "stackprof/middleware"
+        module UsesStackprof
+          def self.profile(&block)
+            StackProf::Report.new(StackProf.run(mode: :cpu, raw: true, &block))
+          end
+        end
+      RUBY
+      gem_file = Gem::Specification.find_by_name("stackprof", "0.2.27").full_gem_path + "/lib/stackprof.rb"
+      lines = dropin(<<~RUBY, env: { "RUBYLIB" => dir })
+        p require("stackprof")
+        require "uses_stackprof"
+        p [StackProf::STROBE, StackProf::Middleware.name, $LOADED_FEATURES.grep(%r{/gems/stackprof-}).size]
+        report = UsesStackprof.profile { math }
+        out = StringIO.new
+        report.print_text(false, nil, nil, nil, nil, nil, out)
+        puts out.string.lines.any? { |l| l.split.last == "Object#math" } ? "math reported" : out.string.inspect
+        begin
+          load #{gem_file.dump}
+        rescue LoadError => e
+          puts e.message
+        end
+        p StackProf.run(mode: :custom) { StackProf.sample }[:samples]
+      RUBY
+      assert_equal "true", lines[0]
+      assert_equal [Strobe::VERSION, "StackProf::Middleware", 0].inspect, lines[1]
+      assert_equal "math reported", lines[2]
+      assert_match(%r{loaded after strobe/stackprof}, lines[3])
+      assert_equal "1", lines[4]
+    end
   end
 
   # --- StackProf::Report ------------------------------------------------------

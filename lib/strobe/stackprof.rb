@@ -8,7 +8,9 @@
 # running?, sample, use_postponed_job!), its options, defaults, return
 # values and errors, and its result Hash; StackProf::Report and
 # StackProf::Middleware are loaded on first use. Profiling is done by
-# Strobe. Differences from stackprof, all deliberate:
+# Strobe. Once it is loaded, `require "stackprof"` (a library's own) loads
+# it too (load_path/, first on $LOAD_PATH); the real gem loaded before it
+# is refused with a LoadError. Differences from stackprof, all deliberate:
 #
 # - An option stackprof does not know raises ArgumentError naming it
 #   (stackprof ignores it); the known options' own errors come first.
@@ -164,4 +166,11 @@ module StackProf
 
   API = %i[start stop running? run results sample use_postponed_job!].to_h { |name| [name, method(name).unbind] }.freeze
   @sealed = true
+
+  # From here on `require "stackprof"` (and "stackprof/report",
+  # "stackprof/middleware") loads this drop-in, not the gem: a library that
+  # requires stackprof itself then runs on Strobe. The directory goes first
+  # on $LOAD_PATH, ahead of every gem's (Bundler's included).
+  STROBE_LOAD_PATH = File.expand_path("stackprof/load_path", __dir__)
+  $LOAD_PATH.unshift(STROBE_LOAD_PATH) unless $LOAD_PATH.include?(STROBE_LOAD_PATH)
 end
