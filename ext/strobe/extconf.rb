@@ -4,6 +4,13 @@
 # from version numbers: each have_func below defines HAVE_<NAME> for the C code.
 require "mkmf"
 
+# Linux only: each thread is signalled with tgkill() and read by its CPU
+# clock, derived from its Linux thread id.
+unless RUBY_PLATFORM.include?("linux")
+  abort "strobe-profiler runs on Linux only (it needs Linux's per-thread timers and signals); " \
+        "this Ruby is for #{RUBY_PLATFORM}"
+end
+
 $CFLAGS << " -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fno-strict-aliasing"
 $CFLAGS << " -O2 -g"
 
