@@ -150,7 +150,17 @@ module StrobeTestHelpers
     unless File.directory?(File.join(APP_GEMS_HOME, "gems"))
       flunk "#{APP_GEMS_HOME} is missing: `rake deps` installs the application gems these tests run"
     end
-    { "GEM_PATH" => [APP_GEMS_HOME, *Gem.path].join(File::PATH_SEPARATOR) }
+    unbundled_env.merge("GEM_PATH" => [APP_GEMS_HOME, *Gem.path].join(File::PATH_SEPARATOR))
+  end
+
+  # Under `bundle exec rake test`, the changes to the environment that would
+  # hold a child to the bundle (RUBYOPT's -rbundler/setup, BUNDLE_GEMFILE...)
+  # undone: the application gems are not in it.
+  def unbundled_env
+    return {} unless defined?(Bundler) && Bundler.respond_to?(:unbundled_env)
+
+    clean = Bundler.unbundled_env
+    ENV.keys.union(clean.keys).to_h { |key| [key, clean[key]] }.reject { |key, value| ENV[key] == value }
   end
 
   # Runs Ruby code in a child process and checks that it exits 0 having

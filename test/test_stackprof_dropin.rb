@@ -114,7 +114,9 @@ class TestStackprofDropin < Minitest::Test
     out, err, status = run_ruby("require 'stackprof'\n#{code}")
     assert status.success?, err
     assert_equal out.lines(chomp: true), lines
-    assert_equal "[:object, 1, 4]", lines[0]
+    # (Under `bundle exec`, Bundler's setup makes Class#new allocate once more
+    # in that block, for stackprof as for Strobe: the comparison above holds.)
+    assert_equal "[:object, 1, 4]", lines[0] unless defined?(Bundler)
     assert_equal "10", lines[3]
   end
 
