@@ -368,6 +368,28 @@ class TestThreads < Minitest::Test
     assert_ruby_prints "ok\n", code
   end
 
+  # ... and once it runs it is sampled. start registers such a thread by
+  # its tid when Ruby already knows it; a signal landing before the thread
+  # runs Ruby code finds no Ruby thread and stops asking until the thread
+  # registers as one, which it does as it begins. Found by the four-lane
+  # flamegraph test: two of three such workers kept 0 samples in most runs,
+  # because beginning found the entry by tid and left it marked.
+  def test_threads_that_had_not_run_at_start_are_sampled_once_they_run
+    skip_statistics_under_valgrind
+    5.times do
+      go = Queue.new
+      workers = 3.times.map { Thread.new { go.pop; spin(0.05); Thread.current.native_thread_id } }
+      result = Strobe.run(mode: :wall, interval: 1000, threads: [Thread.current, *workers]) do
+        3.times { go << true }
+        workers.each(&:join)
+      end
+      workers.map(&:value).each do |tid|
+        samples = result[:threads].dig(tid, :samples).to_i
+        assert_operator samples, :>, 0, "worker #{tid} has no samples: #{result[:threads].inspect}"
+      end
+    end
+  end
+
   # scheduler: :thread takes samples without any signal: at safe points,
   # asked for by Strobe's thread. A program that owns SIGURG can use it.
   def test_signal_free_scheduler

@@ -501,8 +501,12 @@ thread_hook(VALUE tpval, void *data)
         VALUE thread = rb_thread_current();
         if (profiled(thread)) {
             /* The time modes sample it from the start; the others as it
-             * samples (current_entry). */
-            if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) current_entry();
+             * samples (current_entry). Registered by its Thread, not found
+             * by its tid: start may have registered it by its tid before it
+             * ran, and a signal then found it no Ruby thread yet (not_ruby,
+             * which registering clears); on Ruby 3.1 its native thread may
+             * still be listed for a Thread that was killed. */
+            if (S.mode == STROBE_MODE_WALL || S.mode == STROBE_MODE_CPU) register_current(thread);
         } else if (open_scopes_len) { /* some scope is open: maybe its creator's */
             inherit_scope(thread);
         }
