@@ -5,6 +5,7 @@ require "json"
 require "tmpdir"
 require "zlib"
 require "stringio"
+require "cgi"
 
 # The HTML flamegraph: its data, its escaping, and the page itself loaded in
 # headless Chromium (Debian's chromium, installed by .ci/run).
@@ -36,8 +37,69 @@ class TestFlamegraph < Minitest::Test
     tree[:parent].each_with_index.drop(1).each { |parent, n| assert_operator parent, :<, n }
     names = tree[:frame].drop(1).map { |f| data[:frames][:name][f] }
     assert_equal ["<main>", "Render#html </script><!--<script>", "Db#query"], names
-    assert_equal [30, 50, 20], data[:timeline][:count]
     assert_equal 100, data[:meta][:samples]
+    lane = only(data[:lanes])
+    assert_equal [30, 50, 20], lane[:runs][:count]
+    assert_equal "samples", data[:axis][:unit], "without sample times the axis counts samples"
+    assert_equal [0, 30, 80], lane[:runs][:start]
+    assert_equal [30, 80, 100], lane[:runs][:end]
+    assert_equal 100, data[:axis][:width]
+  end
+
+  # A lane per thread, the main thread first: its runs add up to its
+  # samples, on a time axis shared by all; its own self counts add up to
+  # the same, and every thread's add up to the tree's.
+  def test_a_lane_per_thread_on_one_time_axis
+    frames = { 1 => { name: "<main>", file: "a.rb", line: 1 }, 2 => { name: "work", file: "a.rb", line: 2 },
+               3 => { name: "wait", file: "a.rb", line: 3 } }
+    # Thread 20 starts first, then the main thread (10), then thread 30;
+    # raw interleaves them as the sampler records.
+    threads = [20, 20, 10, 20, 10, 30, 10, 30]
+    stamps = [1000, 2000, 2500, 3000, 3500, 4000, 4500, 5000]
+    stacks = [[1, 2], [1, 2], [1], [1, 2], [1, 3], [1, 2], [1, 3], [1]]
+    raw = stacks.flat_map { |stack| [stack.size, *stack, 1] }
+    result = { version: 1.2, mode: :wall, interval: 1000, samples: 8, gc_samples: 0, missed_samples: 0,
+               frames: frames, raw: raw, raw_lines: raw.map { 0 }, raw_sample_threads: threads, raw_sample_timestamps: stamps,
+               threads: { 20 => { name: "worker", samples: 3 }, 10 => { name: nil, samples: 3, main: true },
+                          30 => { name: nil, samples: 2 } } }
+    data = Strobe::Flamegraph.new(Strobe::Report.new(result)).data
+    assert_equal [10, 20, 30], data[:lanes].map { |l| l[:thread] }
+    assert_equal ["main", "worker", "thread 30"], data[:lanes].map { |l| l[:name] }
+    assert_equal [3, 3, 2], data[:lanes].map { |l| l[:samples] }
+    assert_equal "us", data[:axis][:unit]
+    assert_equal 5000, data[:axis][:width], "from the first sample (1000) to the last one's end (5000 + 1000)"
+    data[:lanes].each do |lane|
+      assert_equal lane[:samples], lane[:runs][:count].sum
+      assert_equal lane[:samples], lane[:self][:count].sum
+      lane[:runs][:start].zip(lane[:runs][:end]).each_cons(2) { |(_, e), (s, _)| assert_operator e, :<=, s }
+    end
+    worker = data[:lanes][1]
+    assert_equal [[0], [3], [3000]], worker[:runs].values_at(:start, :count, :end),
+                 "its three samples of one stack, a step apart, are one run, the last standing one interval"
+    main = data[:lanes][0]
+    assert_equal [[1500, 2500], [1, 2], [2500, 4500]], main[:runs].values_at(:start, :count, :end),
+                 "a run ends where the thread's next one starts"
+    self_total = Hash.new(0)
+    data[:lanes].each { |l| l[:self][:node].zip(l[:self][:count]).each { |n, c| self_total[n] += c } }
+    data[:tree][:self].each_with_index { |count, n| assert_equal count, self_total[n] }
+  end
+
+  # Profiles recorded an hour apart, merged: the hour is cut out of the
+  # axis, leaving a short break, so both stay readable.
+  def test_a_long_stretch_without_samples_is_a_break
+    hour = 3_600_000_000
+    later = with_markers.merge(raw_sample_timestamps: with_markers[:raw_sample_timestamps].map { |t| t + hour },
+                               markers: with_markers[:markers].map { |m| m.merge(start: m[:start] + hour, end: m[:end] && m[:end] + hour) })
+    data = Strobe::Flamegraph.new(Strobe::Report.new(Strobe::Merge.results([with_markers, later]))).data
+    width = data[:axis][:width]
+    assert_operator width, :<, 210_000, "two 100 ms profiles and a break, not an hour"
+    assert_operator width, :>, 200_000
+    assert_equal 1, data[:axis][:breaks].size
+    first, second = only(data[:lanes])[:runs][:start].values_at(0, -1)
+    assert_equal 0, first
+    assert_operator second, :<, width
+    starts = data[:markers][:start]
+    assert_equal starts.first(4).map { |s| s + (width - 100_000) }, starts.last(4), "the later markers moved with their samples"
   end
 
   def test_no_frame_name_can_end_the_script
@@ -92,13 +154,14 @@ class TestFlamegraph < Minitest::Test
     )
   end
 
-  # Markers go under the timeline at the positions of the samples around
-  # them, each with the lines of its tooltip.
+  # Markers go under their thread's lane at their times on the axis (from
+  # the first sample), each with the lines of its tooltip.
   def test_markers_are_placed_on_the_timeline
     lane = Strobe::Flamegraph.new(Strobe::Report.new(with_markers)).data[:markers]
     assert_equal %w[request gc user request], lane[:type]
-    assert_equal [10, 29, 69, 49], lane[:start], "samples before each start"
-    assert_equal [60, 35, nil, 80], lane[:end], "after the last sample by each end"
+    assert_equal [9_500, 29_000, 69_000, 49_000], lane[:start], "microseconds after the first sample (1000)"
+    assert_equal [59_500, 34_000, nil, 79_000], lane[:end]
+    assert_equal [0, 0, 0, 0], lane[:lane]
     assert_equal ["request on main, 50.000 ms", "method: GET", "status: 200", "tags: a, b"], lane[:detail][0]
     assert_equal ["user on main, an instant"], lane[:detail][2]
     assert_nil Strobe::Flamegraph.new(Strobe::Report.new(profile)).data[:markers]
@@ -106,12 +169,14 @@ class TestFlamegraph < Minitest::Test
     assert_raises(Strobe::ProfileError) { Strobe::Flamegraph.new(Strobe::Report.new(bad)).data }
 
     # Two workers' profiles of the same time, merged: each one's markers
-    # among its own samples, where the merged timeline put them.
+    # in its own lane, at the same times.
     other = with_markers.merge(raw_sample_threads: [2] * 100, threads: { 2 => { name: "worker 2", samples: 100 } },
-                               markers: with_markers[:markers].map { |m| m.merge(thread: 2) })
+                               markers: with_markers[:markers].map { |m| m.merge(thread: 2) } +
+                                        [{ type: :user, name: "elsewhere", thread: 3, start: 5_000, end: nil, data: nil }])
     merged = Strobe::Merge.results([with_markers, other])
     lane = Strobe::Flamegraph.new(Strobe::Report.new(merged)).data[:markers]
-    assert_equal [10, 29, 69, 49, 110, 129, 169, 149], lane[:start]
+    assert_equal [9_500, 29_000, 69_000, 49_000] * 2 + [4_000], lane[:start]
+    assert_equal [0, 0, 0, 0, 1, 1, 1, 1, -1], lane[:lane], "a thread without samples has no lane"
     assert_equal "request on worker 2, 50.000 ms", lane[:detail][4].first
   end
 
@@ -140,11 +205,68 @@ class TestFlamegraph < Minitest::Test
     end
   end
 
+  # A real profile of four threads (the main one joining three workers):
+  # the timeline shows a lane per thread, each under its title band, and
+  # the thread picker lists the four; picking one shows its lane alone.
+  def test_four_threads_four_lanes_and_a_thread_picker
+    assert CHROMIUM, "chromium is needed for this test (.ci/run installs Debian's chromium)"
+    go = Queue.new
+    workers = 3.times.map { |i| Thread.new { Thread.current.name = "worker #{i}"; go.pop; spin(0.2) } }
+    result = Strobe.run(mode: :wall, interval: 1000, raw: true, threads: [Thread.current, *workers]) do
+      3.times { go << true }
+      workers.each(&:join)
+    end
+    assert_equal 4, result[:threads].count { |_, t| t[:samples].positive? }, result[:threads].inspect
+    Dir.mktmpdir do |dir|
+      page = File.join(dir, "flame.html")
+      File.write(page, html(result))
+      dom = chromium_dom("file://#{page}#view=timeline")
+      assert_match(/<body[^>]* data-ready="1"/, dom)
+      assert_equal "4", dom[/<body[^>]* data-lanes="(\d+)"/, 1]
+      picker = dom[%r{<span id="thread-picker"[^>]*>.*?</span>}m]
+      refute_match(/<span id="thread-picker"[^>]* hidden/, picker, "the picker is shown")
+      options = picker.scan(%r{<option value="(-?\d+)">([^<]*)</option>})
+      assert_equal 5, options.size, picker
+      assert_match(/\AAll threads \(4\)/, options.first.last)
+      assert_equal ["main", "worker 0", "worker 1", "worker 2"], options.drop(1).map { |_, text| text[/\A(main|worker \d)/] }
+
+      assert_equal 4, title_bands(screenshot(dir, "file://#{page}#view=timeline")), "four lanes, each under its title"
+      one = "file://#{page}#view=timeline&thread=#{CGI.escape('worker 1')}"
+      assert_equal "1", chromium_dom(one)[/<body[^>]* data-lanes="(\d+)"/, 1]
+      assert_equal 1, title_bands(screenshot(dir, one))
+    end
+  end
+
   private
 
+  def screenshot(dir, url)
+    shot = File.join(dir, "shot.png")
+    run_tool(CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1000,1600",
+             "--virtual-time-budget=5000", "--screenshot=#{shot}", url, timeout: 120)
+    File.binread(shot)
+  end
+
+  # How many bands of rows in the screenshot are mostly the timeline's
+  # title colour (#dde4ee): one per thread's lane.
+  def title_bands(png)
+    width, pixels = png_size_and_rgb(png)
+    titled = pixels.each_slice(width).map { |row| row.count { |px| px == [0xdd, 0xe4, 0xee] } > width / 2 }
+    titled.chunk_while { |a, b| a == b }.count(&:first)
+  end
+
+  def only(list)
+    assert_equal 1, list.size
+    list.first
+  end
+
   # The pixels of an 8-bit RGB or RGBA, non-interlaced PNG (what Chromium's
-  # screenshots are), as [r, g, b] triples.
+  # screenshots are), as [r, g, b] triples, row by row.
   def png_rgb(bytes)
+    png_size_and_rgb(bytes).last
+  end
+
+  # [width, pixels] of such a PNG.
+  def png_size_and_rgb(bytes)
     raise "not a PNG" unless bytes.start_with?("\x89PNG\r\n\x1a\n".b)
 
     pos = 8
@@ -186,7 +308,7 @@ class TestFlamegraph < Minitest::Test
       line.each_slice(channels) { |px| pixels << px.first(3) }
       prev = line
     end
-    pixels
+    [width, pixels]
   end
 
   def paeth(a, b, c)

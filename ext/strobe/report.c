@@ -268,6 +268,13 @@ EXPORT_METHOD(pprof, "pprof output")
 EXPORT_METHOD(firefox, "Firefox Profiler output")
 EXPORT_METHOD(speedscope, "speedscope output")
 
+/* Strobe::Native.flamegraph_data(result, keep): see flamegraph.c. */
+static VALUE
+native_flamegraph_data(VALUE self, VALUE result, VALUE keep)
+{
+    return strobe_export(strobe_flamegraph_body, "a flamegraph", result, keep, Qnil);
+}
+
 /* Strobe::Native.report_<name>(result, keep): runs <name>_body on a report
  * of result filtered by keep. */
 #define REPORT_METHOD(name)                                          \
@@ -446,8 +453,30 @@ native_report_text(VALUE self, VALUE result, VALUE keep, VALUE sort_by_total, VA
 
 /* ---- the stack tree ------------------------------------------------------------ */
 
-static uint32_t
-tree_child(report_t *r, uint32_t parent, uint32_t frame)
+void
+strobe_report_tree_init(report_t *r)
+{
+    r->children = st_init_numtable();
+    r->nodes_capa = 1024;
+    r->parent = ALLOC_N(uint32_t, r->nodes_capa);
+    r->frame = ALLOC_N(uint32_t, r->nodes_capa);
+    r->self = ALLOC_N(uint64_t, r->nodes_capa);
+    r->parent[0] = UINT32_MAX;
+    r->frame[0] = UINT32_MAX;
+    r->self[0] = 0;
+    r->nodes = 1;
+}
+
+void
+strobe_report_tree_totals(report_t *r)
+{
+    r->total = ALLOC_N(uint64_t, r->nodes);
+    memcpy(r->total, r->self, sizeof(uint64_t) * r->nodes);
+    for (uint32_t n = r->nodes; n-- > 1;) add_count(&r->total[r->parent[n]], r->total[n]);
+}
+
+uint32_t
+strobe_report_tree_child(report_t *r, uint32_t parent, uint32_t frame)
 {
     st_data_t key = ((st_data_t)parent << 32) | frame, node;
     if (st_lookup(r->children, key, &node)) return (uint32_t)node;
@@ -492,15 +521,7 @@ report_tree(report_t *r)
     VALUE raw = rb_hash_lookup2(r->result, sym_raw, Qnil);
     if (!RB_TYPE_P(raw, T_ARRAY))
         CORRUPT("this report needs per-sample data: profile with raw: true (strobe run --raw)");
-    r->children = st_init_numtable();
-    r->nodes_capa = 1024;
-    r->parent = ALLOC_N(uint32_t, r->nodes_capa);
-    r->frame = ALLOC_N(uint32_t, r->nodes_capa);
-    r->self = ALLOC_N(uint64_t, r->nodes_capa);
-    r->parent[0] = UINT32_MAX;
-    r->frame[0] = UINT32_MAX;
-    r->self[0] = 0;
-    r->nodes = 1;
+    strobe_report_tree_init(r);
 
     long len = RARRAY_LEN(raw), prev_depth = 0;
     for (long i = 0; i < len;) {
@@ -521,7 +542,7 @@ report_tree(report_t *r)
         for (; k < depth; k++) {
             VALUE id = RARRAY_AREF(raw, i + 1 + k);
             long pos = strobe_report_frame_pos(r, id, 0);
-            if (pos >= 0) node = tree_child(r, node, (uint32_t)pos);
+            if (pos >= 0) node = strobe_report_tree_child(r, node, (uint32_t)pos);
             r->prev_ids[k] = id;
             r->path[k + 1] = node;
         }
@@ -531,9 +552,7 @@ report_tree(report_t *r)
         i += depth + 2;
     }
 
-    r->total = ALLOC_N(uint64_t, r->nodes);
-    memcpy(r->total, r->self, sizeof(uint64_t) * r->nodes);
-    for (uint32_t n = r->nodes; n-- > 1;) add_count(&r->total[r->parent[n]], r->total[n]);
+    strobe_report_tree_totals(r);
 }
 
 typedef struct {
@@ -542,8 +561,8 @@ typedef struct {
     double node_fraction;
 } report_args_t;
 
-static VALUE
-u32_array(const uint32_t *v, size_t n, int root_as_minus_one)
+VALUE
+strobe_u32_array(const uint32_t *v, size_t n, int root_as_minus_one)
 {
     VALUE a = rb_ary_new_capa((long)n);
     for (size_t i = 0; i < n; i++)
@@ -551,12 +570,26 @@ u32_array(const uint32_t *v, size_t n, int root_as_minus_one)
     return a;
 }
 
-static VALUE
-u64_array(const uint64_t *v, size_t n)
+VALUE
+strobe_u64_array(const uint64_t *v, size_t n)
 {
     VALUE a = rb_ary_new_capa((long)n);
     for (size_t i = 0; i < n; i++) rb_ary_push(a, ULL2NUM(v[i]));
     return a;
+}
+
+VALUE
+strobe_report_tree_hash(report_t *r)
+{
+    VALUE ids = rb_ary_new_capa(r->len);
+    for (long i = 0; i < r->len; i++) rb_ary_push(ids, r->frames[i].id);
+    VALUE h = rb_hash_new();
+    rb_hash_aset(h, ID2SYM(rb_intern("frame_ids")), ids);
+    rb_hash_aset(h, ID2SYM(rb_intern("parent")), strobe_u32_array(r->parent, r->nodes, 1));
+    rb_hash_aset(h, ID2SYM(rb_intern("frame")), strobe_u32_array(r->frame, r->nodes, 1));
+    rb_hash_aset(h, ID2SYM(rb_intern("self")), strobe_u64_array(r->self, r->nodes));
+    rb_hash_aset(h, ID2SYM(rb_intern("total")), strobe_u64_array(r->total, r->nodes));
+    return h;
 }
 
 static VALUE
@@ -566,16 +599,9 @@ tree_body(VALUE arg)
     report_t *r = a->r;
     strobe_report_load(r, a->result, a->keep, 1);
     report_tree(r);
-    VALUE ids = rb_ary_new_capa(r->len);
-    for (long i = 0; i < r->len; i++) rb_ary_push(ids, r->frames[i].id);
-    VALUE h = rb_hash_new();
-    rb_hash_aset(h, ID2SYM(rb_intern("frame_ids")), ids);
-    rb_hash_aset(h, ID2SYM(rb_intern("parent")), u32_array(r->parent, r->nodes, 1));
-    rb_hash_aset(h, ID2SYM(rb_intern("frame")), u32_array(r->frame, r->nodes, 1));
-    rb_hash_aset(h, ID2SYM(rb_intern("self")), u64_array(r->self, r->nodes));
-    rb_hash_aset(h, ID2SYM(rb_intern("total")), u64_array(r->total, r->nodes));
-    rb_hash_aset(h, ID2SYM(rb_intern("run_nodes")), u32_array(r->runs_node, r->runs, 0));
-    rb_hash_aset(h, ID2SYM(rb_intern("run_counts")), u64_array(r->runs_count, r->runs));
+    VALUE h = strobe_report_tree_hash(r);
+    rb_hash_aset(h, ID2SYM(rb_intern("run_nodes")), strobe_u32_array(r->runs_node, r->runs, 0));
+    rb_hash_aset(h, ID2SYM(rb_intern("run_counts")), strobe_u64_array(r->runs_count, r->runs));
     return h;
 }
 
@@ -1026,4 +1052,5 @@ strobe_report_define(VALUE mNative)
     rb_define_singleton_method(mNative, "export_pprof", native_export_pprof, 3);
     rb_define_singleton_method(mNative, "export_firefox", native_export_firefox, 3);
     rb_define_singleton_method(mNative, "export_speedscope", native_export_speedscope, 3);
+    rb_define_singleton_method(mNative, "flamegraph_data", native_flamegraph_data, 2);
 }

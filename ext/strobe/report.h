@@ -101,6 +101,17 @@ VALUE strobe_report_run(VALUE (*body)(VALUE), void *args, report_t **slot);
 /* Position of a kept frame; -1 for a frame the filter dropped, or for one
  * not in frames when unknown_ok (otherwise ProfileError). */
 long strobe_report_frame_pos(const report_t *r, VALUE id, int unknown_ok);
+/* The stack tree of frames (report.c): tree_init makes the root, an empty
+ * tree; tree_child the node for frame (a position in frames) under parent,
+ * made on first use; tree_totals each node's total from the self counts;
+ * tree_hash {frame_ids:, parent:, frame:, self:, total:} for Ruby. */
+void strobe_report_tree_init(report_t *r);
+uint32_t strobe_report_tree_child(report_t *r, uint32_t parent, uint32_t frame);
+void strobe_report_tree_totals(report_t *r);
+VALUE strobe_report_tree_hash(report_t *r);
+/* Arrays of Integers; with root_as_minus_one, UINT32_MAX is written -1. */
+VALUE strobe_u32_array(const uint32_t *v, size_t n, int root_as_minus_one);
+VALUE strobe_u64_array(const uint64_t *v, size_t n);
 /* Reads r's result's raw samples into a new strobe_samples_t owned by r
  * (freed with it); r must be loaded with details. ProfileError for a result
  * without raw samples (what names the export) or with malformed ones. */
@@ -123,6 +134,8 @@ VALUE strobe_export(VALUE (*body)(report_t *r), const char *what, VALUE result, 
 VALUE strobe_pprof_body(report_t *r);
 VALUE strobe_firefox_body(report_t *r);
 VALUE strobe_speedscope_body(report_t *r);
+/* The HTML flamegraph's data (flamegraph.c), as Native.flamegraph_data. */
+VALUE strobe_flamegraph_body(report_t *r);
 /* a * b and a + b, or ProfileError naming what overflowed. */
 static inline int64_t
 strobe_checked_mul(int64_t a, int64_t b, const char *what)

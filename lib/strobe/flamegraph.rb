@@ -6,15 +6,25 @@ require "cgi"
 module Strobe
   # Writes a report's stack tree into the self-contained HTML viewer
   # (flamegraph.html: canvas drawing, zoom, search, tooltips, aggregated and
-  # timeline views; no network access). The data goes in as one JSON object:
+  # timeline views, a thread picker; no network access). The data goes in as
+  # one JSON object:
   #
   #   meta      title, mode, interval, samples, view (the one shown first)
-  #   frames    parallel arrays name/file/line
-  #   tree      parallel arrays parent/frame/self/total, node 0 the root
-  #   timeline  the samples in time order as runs of tree nodes (node/count)
-  #   markers   the marker lane under the timeline (see #markers), or nil
+  #   frames    parallel arrays name/file/line/native
+  #   tree      parallel arrays parent/frame/self/total, node 0 the root:
+  #             the aggregated view of every thread
+  #   lanes     one per thread with samples (the main thread first, then in
+  #             order of their first sample): thread id, name, samples;
+  #             runs (node/count/start/end: its samples in time order, on
+  #             the axis) for its timeline lane, and self (node/count) for
+  #             its own aggregated view
+  #   axis      unit ("us", or "samples" without sample times), width, and
+  #             the breaks where a long stretch without samples was cut out
+  #   markers   each marker's type, name, lane (-1: a thread without
+  #             samples), start and end on the axis (end nil for an
+  #             instant), tooltip lines; or nil
   #
-  # The tree and the runs come from Strobe::Native.report_tree (C), so a
+  # All of it comes from Strobe::Native.flamegraph_data (C), so a
   # flamegraph needs per-sample data (raw: true).
   class Flamegraph
     TEMPLATE = File.expand_path("flamegraph.html", __dir__)
@@ -41,77 +51,84 @@ module Strobe
     end
 
     def data
-      tree = @report.stack_tree
+      native = @report.flamegraph_data
       frames = @report.result[:frames]
-      details = tree[:frame_ids].map { |id| frames[id] }
+      details = native[:frame_ids].map { |id| frames[id] }
+      lanes = lanes(native[:lanes])
+      axis = Axis.new(native[:axis])
       {
         meta: { title: @title, mode: @report.mode, interval: @report.interval, samples: @report.samples,
                 unit: "samples", view: @view },
         frames: { name: details.map { |f| f[:name].to_s }, file: details.map { |f| f[:file].to_s },
                   line: details.map { |f| f[:line] }, native: details.map { |f| f[:native] ? 1 : 0 } },
-        tree: tree.slice(:parent, :frame, :self, :total),
-        timeline: { node: tree[:run_nodes], count: tree[:run_counts] },
-        markers: markers,
+        tree: native.slice(:parent, :frame, :self, :total),
+        lanes: lanes,
+        axis: { unit: native[:axis][:unit].to_s, width: native[:axis][:width], breaks: axis.breaks },
+        markers: markers(axis, lanes),
       }
     end
 
-    # The result's markers for the lane under the timeline, as parallel
-    # arrays: type and name; start and end as positions on the timeline
-    # (see TimelinePlaces; end nil for an instant); and the lines of each
-    # one's tooltip. nil without markers or sample times.
-    def markers
-      list, stamps, threads = @report.result.values_at(:markers, :raw_sample_timestamps, :raw_sample_threads)
-      return nil unless list.is_a?(Array) && !list.empty? && stamps.is_a?(Array) && !stamps.empty?
-      raise ProfileError, "markers is malformed" unless list.all? { |m| well_formed?(m) }
-      raise ProfileError, "raw_sample_timestamps is malformed" unless stamps.all?(Integer)
+    # The lanes of the threads with samples: the main thread first, then
+    # by their first sample.
+    def lanes(native)
+      list = native[:thread].each_index.filter_map do |t|
+        next if native[:samples][t].zero?
 
-      places = TimelinePlaces.new(stamps, threads.is_a?(Array) && threads.size == stamps.size ? threads : nil)
+        runs = native[:run_offset][t]...native[:run_offset][t + 1]
+        own = native[:self_offset][t]...native[:self_offset][t + 1]
+        id = native[:thread][t]
+        { thread: id, name: id.nil? ? "all threads" : thread_name(id).to_s, main: main_thread?(id),
+          samples: native[:samples][t],
+          runs: { node: native[:run_node][runs], count: native[:run_count][runs],
+                  start: native[:run_start][runs], end: native[:run_end][runs] },
+          self: { node: native[:self_node][own], count: native[:self_count][own] } }
+      end
+      list.sort_by.with_index { |lane, i| [lane[:main] ? 0 : 1, lane[:runs][:start].first || 0, i] }
+          .map { |lane| lane.except(:main) }
+    end
+
+    # The samples' clock mapped onto the axis (see flamegraph.c): segments
+    # of time placed one after the other, with a break between two.
+    class Axis
+      def initialize(native)
+        @from, @to, @at = native.values_at(:seg_from, :seg_to, :seg_at)
+        @timed = native[:unit] == :us
+      end
+
+      def timed? = @timed
+
+      # Where a break is drawn: the middle of each cut stretch.
+      def breaks
+        (1...@at.size).map { |i| (@at[i - 1] + (@to[i - 1] - @from[i - 1]) + @at[i]) / 2 }
+      end
+
+      # Where time falls: in the last segment that starts at or before it,
+      # never past the next one's start.
+      def at(time)
+        i = @from.bsearch_index { |from| from > time }
+        i = (i || @from.size) - 1
+        return 0 if i.negative?
+
+        place = @at[i] + (time - @from[i])
+        i + 1 < @at.size && place > @at[i + 1] ? @at[i + 1] : place
+      end
+    end
+
+    # The result's markers, each placed on the axis by its times, in the
+    # lane of its thread. nil without markers or sample times.
+    def markers(axis, lanes)
+      list = @report.result[:markers]
+      return nil unless list.is_a?(Array) && !list.empty? && axis.timed?
+      raise ProfileError, "markers is malformed" unless list.all? { |m| well_formed?(m) }
+
+      lane_of = lanes.each_with_index.to_h { |lane, i| [lane[:thread], i] }
       {
         type: list.map { |m| m[:type].to_s }, name: list.map { |m| m[:name] },
-        start: list.map { |m| places.before(m[:thread], m[:start]) },
-        end: list.map { |m| m[:end] && places.after(m[:thread], m[:end]) },
+        lane: list.map { |m| lane_of.fetch(m[:thread], -1) },
+        start: list.map { |m| axis.at(m[:start]) },
+        end: list.map { |m| m[:end] && axis.at([m[:end], m[:start]].max) },
         detail: list.map { |m| marker_detail(m) },
       }
-    end
-
-    # Where times fall on the timeline, whose positions are the samples in
-    # their raw order: per thread, its samples' positions and their times'
-    # running maximum (a thread's samples are in time order within one
-    # profile; a merge puts each file's after the previous one's, so a
-    # marker lands among its own thread's samples, not by the clock alone).
-    # A marker of a thread without samples goes by all samples.
-    class TimelinePlaces
-      def initialize(stamps, threads)
-        @all = [stamps.each_index.to_a, running_max(stamps)]
-        @threads = {}
-        return unless threads
-
-        threads.each_with_index.group_by(&:first).each do |thread, pairs|
-          positions = pairs.map(&:last)
-          @threads[thread] = [positions, running_max(positions.map { |k| stamps[k] })]
-        end
-      end
-
-      # The position of thread's first sample at or after time.
-      def before(thread, time)
-        positions, times = @threads.fetch(thread, @all)
-        k = times.bsearch_index { |t| t >= time }
-        k ? positions[k] : positions.last + 1
-      end
-
-      # The position just after thread's last sample at or before time.
-      def after(thread, time)
-        positions, times = @threads.fetch(thread, @all)
-        k = times.bsearch_index { |t| t > time }
-        k ? positions[k] : positions.last + 1
-      end
-
-      private
-
-      def running_max(times)
-        max = -Float::INFINITY
-        times.map { |t| max = t if t > max; max }
-      end
     end
 
     private
@@ -131,6 +148,12 @@ module Strobe
         lines << "#{key}: #{value.is_a?(Array) ? value.join(', ') : value}" unless value.nil?
       end
       lines.map { |line| line.length > TOOLTIP_LINE ? "#{line[0, TOOLTIP_LINE]}…" : line }
+    end
+
+    def main_thread?(id)
+      threads = @report.result[:threads]
+      thread = threads.is_a?(Hash) ? threads[id] : nil
+      id.nil? || (thread.is_a?(Hash) && thread[:main] == true)
     end
 
     def thread_name(id)

@@ -474,6 +474,12 @@ module Strobe
       Native.report_tree(@result, kept_ids)
     end
 
+    # The stack tree and the threads' lanes of the HTML flamegraph, after
+    # the filters (see Native.flamegraph_data, ext/strobe/flamegraph.c).
+    def flamegraph_data
+      Native.flamegraph_data(@result, kept_ids)
+    end
+
     def frames
       all = @result[:frames] || {}
       keep = kept_ids

@@ -123,6 +123,7 @@ module StrobeFuzz
 
     report.print_stackcollapse(NULL)
     report.stack_tree
+    report.print_flamegraph(NULL, view: :timeline)
     report.print_pprof(NULL)
     report.print_firefox(NULL)
     report.print_speedscope(NULL)

@@ -1,0 +1,286 @@
+/*
+ * flamegraph.c - the data of the HTML flamegraph (lib/strobe/flamegraph.rb
+ * and .html), from a result's raw samples as samples.c reads them:
+ *   - the stack tree of frames (lines merged), with self and total samples:
+ *     the aggregated view of all threads;
+ *   - per thread a lane: its samples in time order as runs of tree nodes,
+ *     each run with its sample count and its span on a time axis shared by
+ *     every lane (the timeline view), and its own self samples per node
+ *     (the aggregated view of that thread alone).
+ *
+ * The time axis: microseconds from the first sample. A sample stands for
+ * the time up to the next one of its thread, unless that is more than a
+ * few steps away (a step: the interval in the time modes, the thread's
+ * mean gap in :object and :custom): a thread not sampled for a while (idle
+ * in :cpu) leaves a gap. A stretch of
+ * over STROBE_FLAME_GAP_US without a sample of any thread (profiles merged
+ * from runs far apart) is drawn as a short break: the axis is made of
+ * segments, each placed after the last. Without sample times the axis
+ * counts samples, in the order recorded.
+ *
+ * GVL held; not signal-safe. Linear in the samples, plus sorting each
+ * thread's samples and the runs by time.
+ */
+#include "report.h"
+#include <stdlib.h>
+
+/* Longer stretches without samples are drawn as a break (1 minute). */
+#define STROBE_FLAME_GAP_US ((int64_t)60 * 1000 * 1000)
+
+typedef struct {
+    uint32_t node, count;
+    int64_t start, end;      /* on the samples' clock, then on the axis */
+} flame_run_t;
+
+typedef struct {
+    uint32_t *tree_of;       /* stack table node -> tree node */
+    flame_run_t *runs;
+    size_t runs_len, runs_capa;
+    uint64_t *counts;        /* per tree node: the lane being counted */
+    uint32_t *touched;       /* the nodes counts holds, to clear it */
+    int64_t *spans;          /* the runs' (start, end), sorted by start */
+    int64_t *seg_from, *seg_to, *seg_at;
+    size_t segs;
+} flame_t;
+
+static void
+flame_free(void *arg)
+{
+    flame_t *f = arg;
+    free(f->tree_of);
+    free(f->runs);
+    free(f->counts);
+    free(f->touched);
+    free(f->spans);
+    free(f->seg_from);
+    free(f->seg_to);
+    free(f->seg_at);
+    free(f);
+}
+
+static void *
+flame_alloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) rb_memerror();
+    return p;
+}
+
+static flame_run_t *
+push_run(flame_t *f)
+{
+    if (f->runs_len == f->runs_capa) {
+        size_t capa = f->runs_capa ? f->runs_capa * 2 : 1024;
+        flame_run_t *runs = realloc(f->runs, capa * sizeof(*runs));
+        if (!runs) rb_memerror();
+        f->runs = runs;
+        f->runs_capa = capa;
+    }
+    return &f->runs[f->runs_len++];
+}
+
+static int
+by_start(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The axis segments: the runs' spans merged where they overlap or lie
+ * less than STROBE_FLAME_GAP_US apart; each segment placed after the
+ * previous one and a break of a 200th of the time covered (at least a
+ * microsecond). Returns the axis's width. */
+static int64_t
+make_segments(flame_t *f, int gaps)
+{
+    size_t n = f->runs_len;
+    f->spans = flame_alloc(2 * n, sizeof(int64_t));
+    for (size_t i = 0; i < n; i++) {
+        f->spans[2 * i] = f->runs[i].start;
+        f->spans[2 * i + 1] = f->runs[i].end;
+    }
+    qsort(f->spans, n, 2 * sizeof(int64_t), by_start);
+    f->seg_from = flame_alloc(n, sizeof(int64_t));
+    f->seg_to = flame_alloc(n, sizeof(int64_t));
+    f->seg_at = flame_alloc(n, sizeof(int64_t));
+    if (!n) return 0;
+    int64_t cover = f->spans[1], covered = 0;
+    f->seg_from[0] = f->spans[0];
+    f->segs = 1;
+    for (size_t i = 1; i < n; i++) {
+        int64_t start = f->spans[2 * i], end = f->spans[2 * i + 1];
+        if (gaps && start - cover > STROBE_FLAME_GAP_US) {
+            f->seg_to[f->segs - 1] = cover;
+            covered += cover - f->seg_from[f->segs - 1];
+            f->seg_from[f->segs++] = start;
+            cover = end;
+        } else if (end > cover) {
+            cover = end;
+        }
+    }
+    f->seg_to[f->segs - 1] = cover;
+    covered += cover - f->seg_from[f->segs - 1];
+    int64_t brk = covered / 200 > 1 ? covered / 200 : 1;
+    f->seg_at[0] = 0;
+    for (size_t i = 1; i < f->segs; i++) f->seg_at[i] = f->seg_at[i - 1] + (f->seg_to[i - 1] - f->seg_from[i - 1]) + brk;
+    return f->seg_at[f->segs - 1] + (f->seg_to[f->segs - 1] - f->seg_from[f->segs - 1]);
+}
+
+/* Where time t falls on the axis: in the last segment starting at or
+ * before it, never past the next segment's start. */
+static int64_t
+on_axis(const flame_t *f, int64_t t)
+{
+    size_t lo = 0, hi = f->segs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (f->seg_from[mid] <= t) lo = mid + 1; else hi = mid;
+    }
+    if (lo == 0) return 0;
+    size_t i = lo - 1;
+    int64_t at = f->seg_at[i] + (t - f->seg_from[i]);
+    return i + 1 < f->segs && at > f->seg_at[i + 1] ? f->seg_at[i + 1] : at;
+}
+
+static VALUE
+i64_array(const int64_t *v, size_t n)
+{
+    VALUE a = rb_ary_new_capa((long)n);
+    for (size_t i = 0; i < n; i++) rb_ary_push(a, LL2NUM(v[i]));
+    return a;
+}
+
+/* One lane's samples (order[first, last), time-ordered) as runs. A sample
+ * stands for the time up to the thread's next one when that comes within
+ * STROBE_FLAME_JOIN steps (a thread that shares a core, sampled in :cpu
+ * less often than the interval, stays drawn), else for one step; a run
+ * goes on while the node stays the same and its samples join. Its self
+ * counts go into counts, then self_node and self_count. */
+#define STROBE_FLAME_JOIN 4
+static void
+lane_runs(flame_t *f, const strobe_samples_t *s, const size_t *order, size_t first, size_t last, int64_t step,
+          VALUE self_node, VALUE self_count)
+{
+    flame_run_t *cur = NULL;
+    int64_t prev = 0;
+    size_t touched = 0;
+    if (step <= 0) { /* :object, :custom: the thread's mean gap */
+        int64_t span = s->time ? s->time[order[last - 1]] - s->time[order[first]] : (int64_t)(last - first);
+        step = last - first > 1 ? span / (int64_t)(last - first - 1) : 1;
+        if (step <= 0) step = 1;
+    }
+    for (size_t i = first; i < last; i++) {
+        size_t k = order[i];
+        uint32_t node = f->tree_of[s->node[k]];
+        int64_t t = s->time ? s->time[k] : (int64_t)k;
+        if (!f->counts[node]++) f->touched[touched++] = node;
+        int joined = cur && t - prev <= STROBE_FLAME_JOIN * step; /* t >= prev: in time order */
+        prev = t;
+        if (joined && cur->node == node && cur->count < UINT32_MAX) {
+            cur->end = t + step;
+            cur->count++;
+            continue;
+        }
+        if (joined) cur->end = t;
+        cur = push_run(f);
+        *cur = (flame_run_t){ node, 1, t, t + step };
+    }
+    for (size_t j = 0; j < touched; j++) {
+        uint32_t node = f->touched[j];
+        rb_ary_push(self_node, UINT2NUM(node));
+        rb_ary_push(self_count, ULL2NUM(f->counts[node]));
+        f->counts[node] = 0;
+    }
+}
+
+static int
+time_mode(VALUE result)
+{
+    VALUE mode = rb_hash_lookup2(result, strobe_sym("mode"), Qnil);
+    if (RB_TYPE_P(mode, T_SYMBOL)) mode = rb_sym2str(mode);
+    if (!RB_TYPE_P(mode, T_STRING)) return 0;
+    return rb_str_equal(mode, rb_str_new_cstr("wall")) == Qtrue || rb_str_equal(mode, rb_str_new_cstr("cpu")) == Qtrue;
+}
+
+/* Strobe::Native.flamegraph_data(result, keep) -> {frame_ids:, parent:,
+ * frame:, self:, total:, lanes: {thread:, samples:, run_offset:, run_node:,
+ * run_count:, run_start:, run_end:, self_offset:, self_node:, self_count:},
+ * axis: {unit:, width:, seg_from:, seg_to:, seg_at:}}. Lane i's runs are
+ * run_*[run_offset[i], run_offset[i + 1]) (self_* likewise); run_start and
+ * run_end are on the axis, whose segments map the samples' clock onto it
+ * (seg_from..seg_to placed at seg_at). */
+VALUE
+strobe_flamegraph_body(report_t *r)
+{
+    strobe_samples_t *s = r->samples_read;
+    flame_t *f = flame_alloc(1, sizeof(flame_t));
+    r->cleanup = flame_free;
+    r->cleanup_arg = f;
+
+    /* The tree: each stack table node's frame under its parent's tree node
+     * (parents come first in the table). */
+    strobe_report_tree_init(r);
+    f->tree_of = flame_alloc(s->table.nodes_len, sizeof(uint32_t));
+    for (uint32_t n = 1; n < s->table.nodes_len; n++) {
+        const strobe_node_t *node = &s->table.nodes[n];
+        long pos = s->frame_pos[node->frame];
+        uint32_t up = f->tree_of[node->parent];
+        f->tree_of[n] = pos < 0 ? up : strobe_report_tree_child(r, up, (uint32_t)pos);
+    }
+    for (size_t k = 0; k < s->n; k++) r->self[f->tree_of[s->node[k]]]++;
+    strobe_report_tree_totals(r);
+    VALUE h = strobe_report_tree_hash(r);
+
+    /* The lanes, in the order of the result's threads. */
+    size_t *starts;
+    const size_t *order = strobe_samples_by_thread(r, s, &starts);
+    long threads = RARRAY_LEN(s->thread_ids);
+    int64_t step = time_mode(r->result) && s->time ? s->interval : 0;
+    f->counts = flame_alloc(r->nodes, sizeof(uint64_t));
+    f->touched = flame_alloc(r->nodes, sizeof(uint32_t));
+    size_t *lane_first = r->scratch[0] = ALLOC_N(size_t, (size_t)threads + 1);
+    VALUE samples = rb_ary_new(), self_offset = rb_ary_new(), self_node = rb_ary_new(), self_count = rb_ary_new();
+    for (long t = 0; t < threads; t++) {
+        lane_first[t] = f->runs_len;
+        rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
+        rb_ary_push(samples, SIZET2NUM(starts[t + 1] - starts[t]));
+        if (starts[t + 1] > starts[t]) lane_runs(f, s, order, starts[t], starts[t + 1], step, self_node, self_count);
+    }
+    lane_first[threads] = f->runs_len;
+    rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
+
+    int64_t width = make_segments(f, s->time != NULL);
+    VALUE run_offset = rb_ary_new_capa(threads + 1), run_node = rb_ary_new_capa((long)f->runs_len),
+          run_count = rb_ary_new_capa((long)f->runs_len), run_start = rb_ary_new_capa((long)f->runs_len),
+          run_end = rb_ary_new_capa((long)f->runs_len);
+    for (long t = 0; t <= threads; t++) rb_ary_push(run_offset, SIZET2NUM(lane_first[t]));
+    for (size_t i = 0; i < f->runs_len; i++) {
+        const flame_run_t *run = &f->runs[i];
+        rb_ary_push(run_node, UINT2NUM(run->node));
+        rb_ary_push(run_count, UINT2NUM(run->count));
+        rb_ary_push(run_start, LL2NUM(on_axis(f, run->start)));
+        rb_ary_push(run_end, LL2NUM(on_axis(f, run->end)));
+    }
+
+    VALUE lanes = rb_hash_new();
+    rb_hash_aset(lanes, strobe_sym("thread"), s->thread_ids);
+    rb_hash_aset(lanes, strobe_sym("samples"), samples);
+    rb_hash_aset(lanes, strobe_sym("run_offset"), run_offset);
+    rb_hash_aset(lanes, strobe_sym("run_node"), run_node);
+    rb_hash_aset(lanes, strobe_sym("run_count"), run_count);
+    rb_hash_aset(lanes, strobe_sym("run_start"), run_start);
+    rb_hash_aset(lanes, strobe_sym("run_end"), run_end);
+    rb_hash_aset(lanes, strobe_sym("self_offset"), self_offset);
+    rb_hash_aset(lanes, strobe_sym("self_node"), self_node);
+    rb_hash_aset(lanes, strobe_sym("self_count"), self_count);
+    rb_hash_aset(h, strobe_sym("lanes"), lanes);
+
+    VALUE axis = rb_hash_new();
+    rb_hash_aset(axis, strobe_sym("unit"), strobe_sym(s->time ? "us" : "samples"));
+    rb_hash_aset(axis, strobe_sym("width"), LL2NUM(width));
+    rb_hash_aset(axis, strobe_sym("seg_from"), i64_array(f->seg_from, f->segs));
+    rb_hash_aset(axis, strobe_sym("seg_to"), i64_array(f->seg_to, f->segs));
+    rb_hash_aset(axis, strobe_sym("seg_at"), i64_array(f->seg_at, f->segs));
+    rb_hash_aset(h, strobe_sym("axis"), axis);
+    return h;
+}
