@@ -1,6 +1,7 @@
 /*
  * flamegraph.c - the data of the HTML flamegraph (lib/strobe/flamegraph.rb
- * and .html), from a result's raw samples as samples.c reads them:
+ * and .html), from a result's raw samples (the stack tree of report.c, the
+ * samples' times and threads as samples.c reads them):
  *   - the stack tree of frames (lines merged), with self and total samples:
  *     the aggregated view of all threads;
  *   - per thread a lane: its samples in time order as runs of tree nodes,
@@ -33,7 +34,6 @@ typedef struct {
 } flame_run_t;
 
 typedef struct {
-    uint32_t *tree_of;       /* stack table node -> tree node */
     flame_run_t *runs;
     size_t runs_len, runs_capa;
     uint64_t *counts;        /* per tree node: the lane being counted */
@@ -47,7 +47,6 @@ static void
 flame_free(void *arg)
 {
     flame_t *f = arg;
-    free(f->tree_of);
     free(f->runs);
     free(f->counts);
     free(f->touched);
@@ -171,7 +170,7 @@ lane_runs(flame_t *f, const strobe_samples_t *s, const size_t *order, size_t fir
     }
     for (size_t i = first; i < last; i++) {
         size_t k = order[i];
-        uint32_t node = f->tree_of[s->node[k]];
+        uint32_t node = s->node[k];
         int64_t t = s->time ? s->time[k] : (int64_t)k;
         if (!f->counts[node]++) f->touched[touched++] = node;
         int joined = cur && t - prev <= STROBE_FLAME_JOIN * step; /* t >= prev: in time order */
@@ -212,23 +211,15 @@ time_mode(VALUE result)
 VALUE
 strobe_flamegraph_body(report_t *r)
 {
-    strobe_samples_t *s = r->samples_read;
+    uint32_t *node;
+    strobe_samples_t *s = strobe_samples_columns(r, "a flamegraph", &node);
     flame_t *f = flame_alloc(1, sizeof(flame_t));
     r->cleanup = flame_free;
     r->cleanup_arg = f;
-
-    /* The tree: each stack table node's frame under its parent's tree node
-     * (parents come first in the table). */
-    strobe_report_tree_init(r);
-    f->tree_of = flame_alloc(s->table.nodes_len, sizeof(uint32_t));
-    for (uint32_t n = 1; n < s->table.nodes_len; n++) {
-        const strobe_node_t *node = &s->table.nodes[n];
-        long pos = s->frame_pos[node->frame];
-        uint32_t up = f->tree_of[node->parent];
-        f->tree_of[n] = pos < 0 ? up : strobe_report_tree_child(r, up, (uint32_t)pos);
-    }
-    for (size_t k = 0; k < s->n; k++) r->self[f->tree_of[s->node[k]]]++;
-    strobe_report_tree_totals(r);
+    /* The tree, and each sample's leaf node in it. */
+    r->sample_node = node;
+    r->sample_nodes = s->n;
+    strobe_report_tree(r);
     VALUE h = strobe_report_tree_hash(r);
 
     /* The lanes, in the order of the result's threads. */

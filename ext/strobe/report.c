@@ -268,12 +268,7 @@ EXPORT_METHOD(pprof, "pprof output")
 EXPORT_METHOD(firefox, "Firefox Profiler output")
 EXPORT_METHOD(speedscope, "speedscope output")
 
-/* Strobe::Native.flamegraph_data(result, keep): see flamegraph.c. */
-static VALUE
-native_flamegraph_data(VALUE self, VALUE result, VALUE keep)
-{
-    return strobe_export(strobe_flamegraph_body, "a flamegraph", result, keep, Qnil);
-}
+
 
 /* Strobe::Native.report_<name>(result, keep): runs <name>_body on a report
  * of result filtered by keep. */
@@ -511,12 +506,11 @@ tree_run(report_t *r, uint32_t node, uint64_t count)
     r->runs_count[r->runs++] = count;
 }
 
-
 /* Interns every raw stack (root first, [depth, ids..., count] each) into
  * the tree. A stack shares the previous one's path up to the first level
  * whose frame id differs, so only the rest is looked up. */
-static void
-report_tree(report_t *r)
+void
+strobe_report_tree(report_t *r)
 {
     VALUE raw = rb_hash_lookup2(r->result, sym_raw, Qnil);
     if (!RB_TYPE_P(raw, T_ARRAY))
@@ -524,6 +518,7 @@ report_tree(report_t *r)
     strobe_report_tree_init(r);
 
     long len = RARRAY_LEN(raw), prev_depth = 0;
+    size_t sampled = 0;
     for (long i = 0; i < len;) {
         long depth = strobe_fixnum_at(raw, i, "raw");
         /* Written so that no huge value can overflow the check. */
@@ -549,8 +544,13 @@ report_tree(report_t *r)
         prev_depth = depth;
         add_count(&r->self[node], (uint64_t)count);
         if (count) tree_run(r, node, (uint64_t)count);
+        if (r->sample_node) {
+            if ((uint64_t)count > r->sample_nodes - sampled) CORRUPT("raw has more samples than it had");
+            for (long c = 0; c < count; c++) r->sample_node[sampled++] = node;
+        }
         i += depth + 2;
     }
+    if (r->sample_node && sampled != r->sample_nodes) CORRUPT("raw has fewer samples than it had");
 
     strobe_report_tree_totals(r);
 }
@@ -598,12 +598,23 @@ tree_body(VALUE arg)
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
     strobe_report_load(r, a->result, a->keep, 1);
-    report_tree(r);
+    strobe_report_tree(r);
     VALUE h = strobe_report_tree_hash(r);
     rb_hash_aset(h, ID2SYM(rb_intern("run_nodes")), strobe_u32_array(r->runs_node, r->runs, 0));
     rb_hash_aset(h, ID2SYM(rb_intern("run_counts")), strobe_u64_array(r->runs_count, r->runs));
     return h;
 }
+
+static VALUE
+flamegraph_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    strobe_report_load(a->r, a->result, a->keep, 1);
+    return strobe_flamegraph_body(a->r);
+}
+
+/* Strobe::Native.flamegraph_data(result, keep): see flamegraph.c. */
+REPORT_METHOD(flamegraph)
 
 /* Strobe::Native.report_tree(result, keep) -> {frame_ids:, parent:, frame:,
  * self:, total:, run_nodes:, run_counts:}: the stack tree of the raw
@@ -619,7 +630,7 @@ folded_body(VALUE arg)
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
     strobe_report_load(r, a->result, a->keep, 1);
-    report_tree(r);
+    strobe_report_tree(r);
     out_t *o = &r->out;
     /* Each frame's name as written, fixed up once (rarely needed): ';'
      * separates frames, so it is written ':'; a newline would end the line,
@@ -910,7 +921,7 @@ files_body(VALUE arg)
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
     strobe_report_load(r, a->result, a->keep, 1);
-    report_tree(r);
+    strobe_report_tree(r);
     /* One number per distinct file, in order of first appearance. */
     VALUE ids = rb_hash_new(), names = rb_ary_new();
     long *file_of_frame = r->scratch[0] = ALLOC_N(long, r->len ? r->len : 1);
@@ -1052,5 +1063,5 @@ strobe_report_define(VALUE mNative)
     rb_define_singleton_method(mNative, "export_pprof", native_export_pprof, 3);
     rb_define_singleton_method(mNative, "export_firefox", native_export_firefox, 3);
     rb_define_singleton_method(mNative, "export_speedscope", native_export_speedscope, 3);
-    rb_define_singleton_method(mNative, "flamegraph_data", native_flamegraph_data, 2);
+    rb_define_singleton_method(mNative, "flamegraph_data", native_report_flamegraph, 2);
 }

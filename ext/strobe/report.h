@@ -78,6 +78,8 @@ typedef struct {
     uint32_t *runs_node;
     uint64_t *runs_count;
     size_t runs, runs_capa;
+    uint32_t *sample_node;   /* if set: report_tree writes each sample's leaf node here */
+    size_t sample_nodes;     /* its length: the samples raw describes */
     VALUE *prev_ids;         /* the previous raw stack's frame ids */
     uint32_t *path;          /* path[k]: its node after level k (path[0]: root) */
     long path_capa;
@@ -106,6 +108,10 @@ long strobe_report_frame_pos(const report_t *r, VALUE id, int unknown_ok);
  * made on first use; tree_totals each node's total from the self counts;
  * tree_hash {frame_ids:, parent:, frame:, self:, total:} for Ruby. */
 void strobe_report_tree_init(report_t *r);
+/* Interns every raw stack of r's result into the tree (r loaded first),
+ * with self and total counts and the samples' leaf nodes as runs; with
+ * r->sample_node set, also each sample's leaf node there. */
+void strobe_report_tree(report_t *r);
 uint32_t strobe_report_tree_child(report_t *r, uint32_t parent, uint32_t frame);
 void strobe_report_tree_totals(report_t *r);
 VALUE strobe_report_tree_hash(report_t *r);
@@ -116,6 +122,9 @@ VALUE strobe_u64_array(const uint64_t *v, size_t n);
  * (freed with it); r must be loaded with details. ProfileError for a result
  * without raw samples (what names the export) or with malformed ones. */
 strobe_samples_t *strobe_samples_read(report_t *r, const char *what);
+/* The same without the stacks: the samples' times, threads and states,
+ * and *node, an array of a node per sample (s->n) for the caller to fill. */
+strobe_samples_t *strobe_samples_columns(report_t *r, const char *what, uint32_t **node);
 void strobe_samples_free(strobe_samples_t *s);
 /* The samples' indexes grouped by thread (in the order of thread_ids),
  * time-ordered within each; *starts gets each thread's first position

@@ -181,8 +181,12 @@ bounded_key(VALUE result, const char *name, int64_t max)
     return FIX2LONG(v);
 }
 
-strobe_samples_t *
-strobe_samples_read(report_t *r, const char *what)
+/* The raw array of r's result (an empty one for a profile without samples)
+ * and the number of samples it describes, at most the profile's samples
+ * and the per-sample arrays' length: a hostile count cannot make a report
+ * expand billions of samples. */
+static VALUE
+checked_raw(report_t *r, const char *what, size_t *n)
 {
     VALUE result = r->result;
     VALUE raw = optional_array(result, "raw");
@@ -196,19 +200,61 @@ strobe_samples_read(report_t *r, const char *what)
     VALUE stamps = optional_array(result, "raw_sample_timestamps");
     VALUE sample_threads = optional_array(result, "raw_sample_threads");
     if (!NIL_P(raw_lines) && RARRAY_LEN(raw_lines) != RARRAY_LEN(raw)) CORRUPT("raw_lines does not match raw");
+    uint64_t samples = strobe_count_of(key(result, "samples"), "samples");
+    long limit = !NIL_P(stamps) ? RARRAY_LEN(stamps) : !NIL_P(sample_threads) ? RARRAY_LEN(sample_threads) : LONG_MAX;
+    if ((uint64_t)limit > samples) limit = samples > LONG_MAX ? LONG_MAX : (long)samples;
+    *n = count_raw_samples(raw, limit);
+    if (*n > UINT32_MAX) CORRUPT("too many samples");
+    return raw;
+}
 
+static strobe_samples_t *
+samples_new(report_t *r)
+{
     strobe_samples_t *s = calloc(1, sizeof(*s));
     if (!s) rb_memerror();
     s->thread_ids = Qnil;
     r->samples_read = s; /* freed with the report from here on */
-    /* At most the profile's samples (raw holds all of them, or those of
-     * the rounds that kept raw data), and the per-sample arrays' length:
-     * a hostile count cannot make us expand billions of samples. */
-    uint64_t samples = strobe_count_of(key(result, "samples"), "samples");
-    long limit = !NIL_P(stamps) ? RARRAY_LEN(stamps) : !NIL_P(sample_threads) ? RARRAY_LEN(sample_threads) : LONG_MAX;
-    if ((uint64_t)limit > samples) limit = samples > LONG_MAX ? LONG_MAX : (long)samples;
-    s->n = count_raw_samples(raw, limit);
-    if (s->n > UINT32_MAX) CORRUPT("too many samples");
+    return s;
+}
+
+/* Interval, started_at, duration, times, threads and states: what a
+ * sample has beside its stack. */
+static void
+read_columns(report_t *r, strobe_samples_t *s)
+{
+    VALUE result = r->result;
+    /* Strobe's intervals are up to 2**31 - 1 (allocations); times fit 2**53. */
+    s->interval = bounded_key(result, "interval", INT32_MAX);
+    s->started_at_us = bounded_key(result, "started_at", STROBE_MAX_TIME_US);
+    s->duration_us = bounded_key(result, "duration", STROBE_MAX_TIME_US);
+    read_times(s, optional_array(result, "raw_sample_timestamps"), optional_array(result, "raw_timestamp_deltas"));
+    read_threads(s, result, optional_array(result, "raw_sample_threads"));
+    read_states(s, optional_array(result, "raw_sample_states"));
+}
+
+strobe_samples_t *
+strobe_samples_columns(report_t *r, const char *what, uint32_t **node)
+{
+    size_t n;
+    checked_raw(r, what, &n);
+    strobe_samples_t *s = samples_new(r);
+    s->n = n;
+    s->node = alloc_n(n, sizeof(uint32_t));
+    *node = s->node;
+    read_columns(r, s);
+    return s;
+}
+
+strobe_samples_t *
+strobe_samples_read(report_t *r, const char *what)
+{
+    VALUE result = r->result;
+    size_t n;
+    VALUE raw = checked_raw(r, what, &n);
+    VALUE raw_lines = optional_array(result, "raw_lines");
+    strobe_samples_t *s = samples_new(r);
+    s->n = n;
 
     s->table_ready = 1; /* freeing a table partly made is safe */
     strobe_stack_table_init(&s->table);
@@ -269,13 +315,7 @@ strobe_samples_read(report_t *r, const char *what)
     for (uint32_t f = 0; f < s->table.frames_len; f++)
         s->frame_pos[f] = strobe_report_frame_pos(r, s->table.frames[f].value, 0);
 
-    /* Strobe's intervals are up to 2**31 - 1 (allocations); times fit 2**53. */
-    s->interval = bounded_key(result, "interval", INT32_MAX);
-    s->started_at_us = bounded_key(result, "started_at", STROBE_MAX_TIME_US);
-    s->duration_us = bounded_key(result, "duration", STROBE_MAX_TIME_US);
-    read_times(s, stamps, optional_array(result, "raw_timestamp_deltas"));
-    read_threads(s, result, sample_threads);
-    read_states(s, optional_array(result, "raw_sample_states"));
+    read_columns(r, s);
     return s;
 }
 
