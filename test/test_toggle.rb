@@ -27,17 +27,25 @@ class TestToggle < Minitest::Test
     sleep 0.01 until yield_until.call(before)
   end
 
+  # Each start and each stop says so in a line on stderr, the stop naming
+  # the file written.
   def test_each_signal_starts_or_stops_and_each_stop_writes_a_file
     Strobe.toggle_on(:USR2, mode: :custom, path: File.join(@dir, "p.json"))
     refute Strobe.running?
-    signal
-    assert Strobe.running?
-    2.times { Strobe.sample }
-    signal
-    refute Strobe.running?
-    signal
-    Strobe.sample
-    signal
+    _, err = capture_io do
+      signal
+      assert Strobe.running?
+      2.times { Strobe.sample }
+      signal
+      refute Strobe.running?
+      signal
+      Strobe.sample
+      signal
+    end
+    started = "strobe: on USR2: profiling started (mode custom); send USR2 again to stop\n"
+    assert_equal [started, "strobe: on USR2: profiling stopped; profile written to #{File.join(@dir, 'p.json')}\n",
+                  started, "strobe: on USR2: profiling stopped; profile written to #{File.join(@dir, 'p-2.json')}\n"],
+                 err.lines
     assert_equal %w[p-2.json p.json], Dir.children(@dir).sort
     assert_equal 2, Strobe.load(File.join(@dir, "p.json"))[:samples]
     assert_equal 1, Strobe.load(File.join(@dir, "p-2.json"))[:samples]
@@ -48,10 +56,13 @@ class TestToggle < Minitest::Test
 
   def test_a_directory_gets_files_named_by_mode_pid_and_time
     Strobe.toggle_on("SIGUSR1", mode: :custom, raw: true, format: :sampling_prof, path: "#{@dir}/")
-    signal(:USR1)
-    Strobe.sample
-    signal(:USR1)
+    _, err = capture_io do
+      signal(:USR1)
+      Strobe.sample
+      signal(:USR1)
+    end
     names = Dir.children(@dir)
+    assert_equal "strobe: on USR1: profiling stopped; profile written to #{File.join(@dir, names.first)}\n", err.lines.last
     assert_equal 1, names.size
     assert_match(/\Astrobe-custom-#{Process.pid}-\d{8}-\d{6}-\d{3}-\d+\.txt\z/, names.first)
     chunks = File.read(File.join(@dir, names.first)).split("\n\n")
@@ -61,9 +72,12 @@ class TestToggle < Minitest::Test
   def test_on_result_gets_each_result_off_the_profiled_thread
     results = Queue.new
     Strobe.toggle_on(:USR2, mode: :custom, on_result: ->(r) { results << [Thread.current, r[:samples]] })
-    signal
-    3.times { Strobe.sample }
-    signal
+    _, err = capture_io do
+      signal
+      3.times { Strobe.sample }
+      signal
+    end
+    assert_equal "strobe: on USR2: profiling stopped; the result goes to on_result\n", err.lines.last
     thread, samples = results.pop
     refute_equal Thread.current, thread
     assert_equal 3, samples
@@ -80,7 +94,7 @@ class TestToggle < Minitest::Test
   end
 
   # The issue's acceptance: a running program, signalled twice from
-  # outside, leaves one valid profile.
+  # outside, leaves one valid profile, and says when it starts and stops.
   def test_signal_a_running_program_twice
     stop_file = File.join(@dir, "stop")
     code = <<~RUBY
@@ -90,19 +104,27 @@ class TestToggle < Minitest::Test
     env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_SIGNAL" => "USR2", "STROBE_MODE" => "cpu",
             "STROBE_OUT" => "#{@dir}/profiles/" }
     FileUtils.mkdir_p("#{@dir}/profiles")
+    stopped = nil
     Open3.popen3(env, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || LIB}", "-I#{LIB}", "-e", code) do |stdin, _out, err, wait|
       stdin.close
-      assert_match(/send SIGUSR2 to #{wait.pid} to start or stop profiling/, err.gets)
-      Process.kill(:USR2, wait.pid)
-      sleep 0.3
-      Process.kill(:USR2, wait.pid)
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
-      sleep 0.05 until Dir.children("#{@dir}/profiles").any? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-      File.write(stop_file, "")
+      line = -> { Timeout.timeout(60) { err.gets } } # a safeguard against a hang
+      begin
+        assert_match(/send SIGUSR2 to #{wait.pid} to start or stop profiling/, line.call)
+        Process.kill(:USR2, wait.pid)
+        assert_equal "strobe: on USR2: profiling started (mode cpu); send USR2 again to stop\n", line.call
+        sleep 0.3 # some samples
+        Process.kill(:USR2, wait.pid)
+        stopped = line.call
+      ensure
+        File.write(stop_file, "") # the program ends, whatever happened
+      end
       assert wait.value.success?, err.read
+      assert_match(%r{\Astrobe: on USR2: profiling stopped; profile written to #{Regexp.escape(@dir)}/profiles/strobe-cpu-#{wait.pid}-[-\d]+\.json\n\z},
+                   stopped)
     end
     files = Dir["#{@dir}/profiles/*"]
     assert_equal 1, files.size
+    assert_includes stopped, files.first
     result = Strobe.load(files.first)
     assert_equal :cpu, result[:mode]
     assert_operator result[:samples], :>, 0

@@ -16,8 +16,9 @@ module Strobe
   # given each result, on a thread of its own, instead of a file).
   #
   # The work is done by the signal's trap handler, which Ruby runs on the
-  # main thread at its next safe point; a failure there is reported as one
-  # line on stderr and never raised into the program.
+  # main thread at its next safe point. Each start and each stop says so in
+  # one line on stderr (the stop naming the file written); a failure there
+  # is reported as one line on stderr and never raised into the program.
   class Toggle
     attr_reader :signal
 
@@ -32,7 +33,9 @@ module Strobe
       raise ArgumentError, "out: is not a toggle option: use path:" if options.key?(:out)
 
       @options = options
-      @format = Options.new(options).format # every problem with the options, now
+      checked = Options.new(options) # every problem with the options, now
+      @format = checked.format
+      @mode = checked.mode
       @path = path
       @stops = 0
       @previous = nil
@@ -54,9 +57,11 @@ module Strobe
     def flip
       if Strobe.running?
         Strobe.stop
-        save(Strobe.results) unless @options[:on_result]
+        warn_line("profiling stopped; #{@options[:on_result] ? 'the result goes to on_result' : save(Strobe.results)}")
+      elsif Strobe.start(**@options)
+        warn_line("profiling started (mode #{@mode}); send #{@signal} again to stop")
       else
-        Strobe.start(**@options) || warn_line("not starting: another profile is running")
+        warn_line("not starting: another profile is running")
       end
     rescue StandardError => e
       warn_line(e.message)
@@ -64,13 +69,15 @@ module Strobe
 
     private
 
+    # Writes result; says where.
     def save(result)
-      return unless result
+      return "nothing was profiled" unless result
 
       @stops += 1
       target = target_path(result)
       FileUtils.mkdir_p(File.dirname(target))
       Strobe.save(result, target, format: @format)
+      "profile written to #{File.expand_path(target)}"
     end
 
     def target_path(result)
