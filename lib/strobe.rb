@@ -49,11 +49,12 @@ module Strobe
 
       options = Options.new(opts)
       # Metadata of several start/stop rounds merges; the last out:, format:
-      # and on_result: given win.
+      # and on_result: given win; the working directory is the first round's.
       settings = { metadata: (@pending[:metadata] || {}).merge(options.metadata),
                    out: options.out || @pending[:out],
                    format: opts.key?(:format) ? options.format : @pending[:format] || options.format,
-                   on_result: options.on_result || @pending[:on_result] }
+                   on_result: options.on_result || @pending[:on_result],
+                   cwd: @pending[:cwd] || working_directory }
       @pending.start(settings) do
         if options.trace?
           check_trace_round(options)
@@ -105,6 +106,7 @@ module Strobe
       return nil unless result
 
       result[:metadata] = (@pending[:metadata] || {}).dup
+      result[:cwd] = @pending[:cwd] if @pending[:cwd]
       result
     end
 
@@ -178,7 +180,17 @@ module Strobe
 
       settings = @pending.take
       result[:metadata] = settings[:metadata] || {}
+      result[:cwd] = settings[:cwd] if settings[:cwd]
       [result, settings]
+    end
+
+    # The working directory, against which the relative paths of Ruby's
+    # frames (`ruby app.rb` names app.rb's top frame "app.rb") are resolved
+    # (result[:cwd]); nil when it is gone.
+    def working_directory
+      Dir.pwd
+    rescue SystemCallError
+      nil
     end
   end
 end

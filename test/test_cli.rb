@@ -4,6 +4,7 @@ require "test_helper"
 require "json"
 require "stringio"
 require "tmpdir"
+require "socket"
 require "strobe/cli"
 
 module CLITestHelpers
@@ -77,6 +78,7 @@ class TestCLI < Minitest::Test
     assert_match(/^Usage: strobe COMMAND/, out)
     assert_match(/^  run /, out)
     assert_match(/^  report /, out)
+    assert_includes out, "gem install strobe-profiler"
     assert_equal cli("--help"), cli("-h")
   end
 
@@ -86,6 +88,13 @@ class TestCLI < Minitest::Test
     assert_match(/^Usage: strobe run/, out)
     assert_includes out, "--mode MODE"
     assert_includes out, "strobe-profile.json"
+    assert_match(/--profile FILE +Where to write the profile/, out)
+    assert_match(/-o, --out FILE +Write the report to FILE instead of standard error/, out)
+    assert_match(/-q, --quiet +Write the profile only/, out)
+    assert_match(/--limit N +Show only the first N frames \(default 30; 0: all\)/, out)
+    assert_includes cli("report", "--help")[1], "--thread ID|NAME"
+    assert_includes cli("report", "--help")[1], "http:// URL"
+    assert_includes cli("serve", "--help")[1], "/TOKEN/strobe.json"
 
     status, out, = cli("help", "report")
     assert_equal 0, status
@@ -186,7 +195,15 @@ class TestCLI < Minitest::Test
       [%w[run --mode sideways ruby], /invalid mode: sideways/],
       [%w[run --interval 0 ruby], /interval/],
       [%w[run --interval soon ruby], /invalid argument: --interval soon/],
-      [["run", "--out", path("no/such/dir/p.json"), "ruby"], /not writable/],
+      [["run", "--profile", path("no/such/dir/p.json"), "ruby"], /profile path is not writable: .*does not exist/],
+      [["run", "-o", path("no/such/dir/report.txt"), "ruby"], /cannot write the report to .*report\.txt: directory .* does not exist/],
+      [["run", "-o", @dir, "ruby"], /cannot write the report to .*: it is a directory/],
+      [["run", "-q", "-o", path("report.txt"), "ruby"], /--quiet writes no report, and -o FILE asks for one/],
+      [["run", "-o", path("p.json"), "--profile", path("p.json"), "ruby"], /-o and --profile name the same file/],
+      # -o named the profile before it named the report: such a command
+      # line is refused rather than writing a text report into a .json file.
+      [["run", "-o", path("profile.json"), "ruby"], /-o FILE is where the text report goes; write the profile with --profile/],
+      [["run", "-o", path("profile.json.gz"), "ruby"], /--profile .*profile\.json\.gz/],
     ].each do |argv, pattern|
       status, out, err = cli(*argv)
       assert_equal 1, status, argv.inspect
@@ -196,30 +213,76 @@ class TestCLI < Minitest::Test
   end
 
   def test_run_of_a_command_that_does_not_exist
-    status, _, err = cli("run", "--out", path("p.json"), "--", path("no-such-command"))
+    status, _, err = cli("run", "--profile", path("p.json"), "--", path("no-such-command"))
     assert_equal 1, status
     assert_one_error_line err, /cannot run .*no-such-command/
   end
 
+  # Strobe's messages and the report go to stderr: stdout is the program's.
   def test_run_reports_and_returns_the_status_of_the_command
-    status, out, err = cli("run", "--mode", "custom", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit 5")
+    status, out, err = cli("run", "--mode", "custom", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", "exit 5")
     assert_equal 5, status
-    assert_equal "", err
-    assert_equal "strobe: profile written to #{path('p.json')}\n", out.lines.first
-    assert_includes out, "Mode: custom"
-    assert_includes out, "No samples were collected."
+    assert_equal "", out
+    assert_equal "strobe: profile written to #{path('p.json')}\n", err.lines.first
+    assert_includes err, "Mode: custom"
+    assert_includes err, "No samples were collected."
     assert_equal "custom", Strobe.load(path("p.json"))[:mode].to_s
   end
 
+  # In a process of its own, as a user runs it: the program's output, and
+  # only it, on stdout; -o puts the report in a file, --quiet leaves it out.
+  def test_the_programs_output_is_its_own
+    program = "$stdout.sync = true; puts :first; 3.times { Strobe.sample }; puts :last"
+    out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "custom", "--", RbConfig.ruby, "-e", program)
+    assert status.success?, err
+    assert_equal "first\nlast\n", out
+    assert_match(/\Astrobe: profile written to .*strobe-profile\.json\n=+\n  Mode: custom\n  Samples: 3 /, err)
+
+    out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "custom", "-o", "report.txt", "--profile",
+                                   "p.json", "--", RbConfig.ruby, "-e", program)
+    assert status.success?, err
+    assert_equal "first\nlast\n", out
+    assert_equal ["strobe: profile written to #{File.join(File.realpath(@dir), 'p.json')}\n",
+                  "strobe: report written to #{File.join(File.realpath(@dir), 'report.txt')}\n"], err.lines
+    report = File.read(path("report.txt"))
+    assert_match(/\A=+\n  Mode: custom\n  Samples: 3 /, report)
+    assert_equal fixture_text.lines[5], report.lines[5], "the frame table's header"
+
+    out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "custom", "-q", "--profile", "quiet.json",
+                                   "--", RbConfig.ruby, "-e", program)
+    assert status.success?, err
+    assert_equal ["first\nlast\n", ""], [out, err]
+    assert_equal 3, Strobe.load(path("quiet.json"))[:samples]
+    _, err, status = run_command({}, RbConfig.ruby, EXE, "run", "-q", "--", RbConfig.ruby, "-e", "exit! 3")
+    assert_equal 3, status.exitstatus
+    assert_one_error_line err, /exited with status 3 without writing a profile/
+  end
+
+  # After a run, the text report shows its top 30 frames (--limit N
+  # others, 0 all); `strobe report` shows all of them.
+  def test_run_shows_the_top_30_frames
+    program = "40.times { |i| eval(\"def m\#{i} = Strobe.sample\") }; 40.times { |i| send(:\"m\#{i}\") }"
+    frame_rows = ->(text) { text.lines.count { |line| line.match?(/\A +\d+ +\([\d.]+%\) +\d+ +\([\d.]+%\)     \S/) } }
+    status, _, err = cli("run", "--mode", "custom", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", program)
+    assert_equal 0, status, err
+    assert_equal 30, frame_rows.(err)
+    all = frame_rows.(cli("report", path("p.json"))[1])
+    assert_operator all, :>=, 40
+    assert_equal all, frame_rows.(cli("run", "--mode", "custom", "--limit", "0", "--profile", path("p.json"), "--",
+                                      RbConfig.ruby, "-e", program)[2])
+    assert_equal 5, frame_rows.(cli("run", "--mode", "custom", "-l", "5", "--profile", path("p.json"), "--",
+                                    RbConfig.ruby, "-e", program)[2])
+  end
+
   def test_run_passes_its_settings_to_the_command
-    status, _, err = cli("run", "--mode", "custom", "--raw", "--out", path("raw.json"), "--",
+    status, _, err = cli("run", "--mode", "custom", "--raw", "--profile", path("raw.json"), "--",
                          RbConfig.ruby, "-e", "2.times { Strobe.sample }")
     assert_equal 0, status, err
     result = Strobe.load(path("raw.json"))
     assert_equal 2, result[:samples]
     assert result[:raw], "raw samples kept"
 
-    status, _, err = cli("run", "-m", "wall", "-i", "2500", "-o", path("wall.json"), RbConfig.ruby, "-e", "0")
+    status, _, err = cli("run", "-m", "wall", "-i", "2500", "--profile", path("wall.json"), RbConfig.ruby, "-e", "0")
     assert_equal 0, status, err
     result = Strobe.load(path("wall.json"))
     assert_equal ["wall", 2500], [result[:mode].to_s, result[:interval]]
@@ -228,12 +291,12 @@ class TestCLI < Minitest::Test
 
   def test_run_of_a_command_that_writes_no_profile
     File.write(path("p.json"), "an old file, not replaced")
-    status, out, err = cli("run", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 3")
+    status, out, err = cli("run", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 3")
     assert_equal 3, status
     assert_equal "", out
     assert_one_error_line err, /exited with status 3 without writing a profile to #{Regexp.escape(path('p.json'))}/
 
-    status, _, err = cli("run", "--out", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 0")
+    status, _, err = cli("run", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 0")
     assert_equal 1, status
     assert_match(/without writing a profile/, err)
   end
@@ -243,8 +306,10 @@ class TestCLI < Minitest::Test
   def test_run_keeps_the_profile_of_every_ruby_process
     child = "def in_child = 200_000.times(&:to_s); in_child"
     parent = "def in_parent = 200_000.times(&:to_s); in_parent; system(RbConfig.ruby, '-e', #{child.inspect}) || exit(4)"
-    status, out, err = cli("run", "--mode", "cpu", "--out", path("p.json"), "--", RbConfig.ruby, "-e", parent)
+    status, out, err = cli("run", "--mode", "cpu", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", parent)
     assert_equal 0, status, err
+    assert_equal "", out
+    out = err # Strobe's own output
     assert_match(/\Astrobe: 2 Ruby processes profiled; their merged profile is in #{Regexp.escape(path('p.json'))}/, out)
     each = Dir[path("p.*.json")]
     assert_equal 2, each.size, out
@@ -264,16 +329,129 @@ class TestCLI < Minitest::Test
     out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "cpu", "--",
                                    RbConfig.ruby, File.join(ROOT, "examples", "busy.rb"), "0.5")
     assert status.success?, "strobe run failed (#{status.inspect}):\n#{err}"
-    assert_equal "", err
     profile = File.join(@dir, "strobe-profile.json")
-    assert_equal "strobe: profile written to #{profile}\n", out.lines.first
-    assert_includes out, "  Mode: cpu(1000)\n"
+    assert_equal "strobe: profile written to #{profile}\n", err.lines.first
+    refute_includes out, "strobe:"
+    assert_includes err, "  Mode: cpu(1000)\n"
     %w[Busy#run Busy#crunch_numbers Busy#build_strings Busy#sort_records].each do |name|
-      assert_match(/^ +\d+ +\([\d.]+%\) +\d+ +\([\d.]+%\)     #{Regexp.escape(name)}$/, out)
+      assert_match(/^ +\d+ +\([\d.]+%\) +\d+ +\([\d.]+%\)     #{Regexp.escape(name)}$/, err)
     end
     result = Strobe.load(profile)
     assert_equal "cpu", result[:mode].to_s
     assert_operator result[:samples], :>, 0
+  end
+
+  # `ruby script.rb`: Ruby 3.1 names the script's top frame "script.rb" and
+  # its methods' frames by the absolute path (4.0 names them all by the
+  # absolute path). --files and --file count one file, named by its
+  # absolute path: the profile keeps the directory it was taken in; a
+  # profile without it takes the one absolute path ending so.
+  def test_a_script_run_by_a_relative_path_is_one_file
+    File.write(path("relative_script.rb"), <<~RUBY)
+      def work
+        i = 0
+        while i < 20
+          Strobe.sample
+          i += 1
+        end
+      end
+      work
+      Strobe.sample
+    RUBY
+    _, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "custom", "--raw", "-q", "--",
+                                 RbConfig.ruby, "relative_script.rb")
+    assert status.success?, err
+    script = File.join(File.realpath(@dir), "relative_script.rb")
+    result = Strobe.load(path("strobe-profile.json"))
+    assert_equal File.realpath(@dir), result[:cwd]
+    files = result[:frames].values.map { |f| f[:file] }.uniq
+    assert_includes files, script
+    assert_empty files.grep(/relative_script/) - [script, "relative_script.rb"]
+
+    Strobe.save(result.except(:cwd), path("without_cwd.json"))
+    %w[strobe-profile.json without_cwd.json].each do |name|
+      status, out, err = cli("report", "--files", path(name))
+      assert_equal [0, ""], [status, err], name
+      rows = out.lines.drop(1)
+      assert_equal 1, rows.grep(/relative_script\.rb/).size, "#{name}:\n#{out}"
+      # (The samples' own frame is Strobe.sample's, a C method's.)
+      assert_match(/\A +21 +\(100\.0%\) +0 +\(0\.0%\)     #{Regexp.escape(script)}\n\z/, rows.grep(/relative_script/).first)
+
+      status, out, err = cli("report", "--file", "relative_script.rb", path(name))
+      assert_equal [0, ""], [status, err], name
+      assert_equal 1, out.lines.count { |line| line.include?("relative_script.rb") }, out
+      assert_equal "#{script}\n", out.lines.first
+      # the lines of the method's frame and of the top frame, in one listing
+      assert_match(/^ +20 +\(95\.2%\) \/ +0 +\(0\.0%\)  \| +4  \|     Strobe\.sample$/, out)
+      assert_match(/^ +20 +\(95\.2%\) \/ +0 +\(0\.0%\)  \| +8  \| work$/, out)
+      assert_match(/^ +1 +\(4\.8%\) \/ +0 +\(0\.0%\)  \| +9  \| Strobe\.sample$/, out)
+    end
+  end
+
+  # A server on 127.0.0.1 answering every request with response (the
+  # request is read first); yields its URL.
+  def answering(response)
+    server = TCPServer.new("127.0.0.1", 0)
+    thread = Thread.new do
+      loop do
+        client = server.accept
+        request = +""
+        request << client.readpartial(4096) until request.include?("\r\n\r\n")
+        client.write(response)
+        client.close
+      end
+    rescue IOError, SystemCallError
+      nil # closed
+    end
+    yield "http://127.0.0.1:#{server.addr[1]}/p.json"
+  ensure
+    server&.close
+    thread&.kill&.join
+  end
+
+  def http_response(body, head = "200 OK", headers = ["Content-Length: #{body.bytesize}"])
+    "HTTP/1.1 #{head}\r\nConnection: close\r\n#{headers.map { |h| "#{h}\r\n" }.join}\r\n#{body}"
+  end
+
+  # A profile downloaded is read as a file, gzipped or not; what is not a
+  # profile, an error status, an encoding other than gzip or a body larger
+  # than a profile may be are one line each.
+  def test_report_of_a_url
+    profile = JSON.generate(Strobe::ProfileFile.encode(fixture))
+    [http_response(profile), http_response(Zlib.gzip(profile), "200 OK", ["Content-Encoding: gzip"])].each do |response|
+      answering(response) { |url| assert_equal [0, fixture_text, ""], cli("report", url) }
+    end
+    {
+      http_response("not found\n", "404 Not Found") => /: HTTP 404 Not Found$/,
+      http_response(profile, "200 OK", ["Content-Encoding: br"]) => /: the server sent it in br, not gzip$/,
+      http_response("", "200 OK", ["Content-Length: #{Strobe::ProfileFile::MAX_INFLATED + 1}"]) => /: larger than 1024 MB/,
+    }.each do |response, pattern|
+      answering(response) do |url|
+        status, out, err = cli("report", url)
+        assert_equal [1, ""], [status, out], pattern.inspect
+        assert_one_error_line err, /\Astrobe: cannot download #{Regexp.escape(url)}#{pattern.source}/
+      end
+    end
+    answering(http_response("this is not a profile")) do |url|
+      status, _, err = cli("report", url)
+      assert_equal 1, status
+      assert_one_error_line err, /\Astrobe: cannot read profile #{Regexp.escape(url)}: not valid JSON/
+    end
+  end
+
+  # A URL that cannot be downloaded is one line: nothing listening, a
+  # scheme other than http.
+  def test_report_of_a_url_that_cannot_be_downloaded
+    port = TCPServer.open("127.0.0.1", 0) { |server| server.addr[1] } # free once closed
+    [
+      ["http://127.0.0.1:#{port}/x/strobe.json", /cannot download .*: Connection refused$/],
+      ["https://127.0.0.1:#{port}/x/strobe.json", /cannot download .*: only http:\/\/ URLs can be downloaded$/],
+      ["http:///strobe.json", /cannot download .*: the URL names no host$/],
+    ].each do |url, pattern|
+      status, out, err = cli("report", url)
+      assert_equal [1, ""], [status, out], url
+      assert_one_error_line err, pattern
+    end
   end
 end
 
@@ -418,11 +596,12 @@ class TestCLIReport < Minitest::Test
     _, out, = cli("report", path("p.json"))
     assert_includes out, "Worker#spin\\e[2J\\nx\n"
     assert_includes out, "Worker#\\u009B1mtick\\x7F\n"
-    assert_includes out, "5 (pool\\e]0;owned\\x07)"
+    assert_match(/^ +5 +10 \(100\.0%\) .* pool\\e\]0;owned\\x07$/, out)
     [
       [["--file", "none\e[2J"], /no samples in a file matching none\\e\[2J$/],
       [["--method", "none\e[2J"], /no method named "none\\e\[2J"/],
-      [["--thread", "9"], /no thread 9 in this profile \(threads: 5\)/],
+      [["--thread", "9"], /no thread 9 in this profile \(threads: pool\\e\]0;owned\\x07 \(5\)\)/],
+      [["--thread", "pool\e]0"], /no thread "pool\\e\]0" in this profile/],
       [["--endpoint", "none\e[2J"], /no request to endpoint "none\\e\[2J" in this profile \(endpoints: none: it was not profiled/],
       [["-o", path("no\e[2Jdir/out.txt")], /cannot write .*no\\e\[2Jdir/],
     ].each do |options, pattern|

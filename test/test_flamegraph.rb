@@ -111,6 +111,18 @@ class TestFlamegraph < Minitest::Test
     assert_equal 1, page.scan("<script").size
   end
 
+  # Names from a profile file may hold any bytes: the page gets them as
+  # valid UTF-8 (JSON holds nothing else), what is not replaced.
+  def test_names_that_are_not_utf8
+    result = profile
+    result[:frames][3] = result[:frames][3].merge(name: "Db#\xFF\xFEquery".b, file: "/app/\xC3(.rb".b)
+    result[:threads][1] = { name: "w\xE9rker".dup.force_encoding(Encoding::ISO_8859_1), samples: 100 }
+    data = Strobe::Flamegraph.new(Strobe::Report.new(result)).data
+    assert_includes data[:frames][:name], "Db#\uFFFD\uFFFDquery"
+    assert_equal "w\u00E9rker", data[:lanes].first[:name]
+    assert_match(/Db#\uFFFD\uFFFDquery/, html(result))
+  end
+
   def test_needs_raw_data
     no_raw = profile.reject { |k, _| k.to_s.start_with?("raw") }
     assert_raises(Strobe::ProfileError) { html(no_raw) }

@@ -379,10 +379,10 @@ class TestNative < Minitest::Test
     Dir.mktmpdir do |dir|
       out_path = File.join(dir, "p.json")
       program = "require 'zlib'; d = Random.new(1).bytes(1 << 20); t = Time.now; Zlib.deflate(d) while Time.now - t < 0.3"
-      out, err, status = run_command({}, RbConfig.ruby, "-I#{LIB}", File.join(ROOT, "exe/strobe"), "run", "--native",
-                                     "--mode", "cpu", "--raw", "--out", out_path, "--", RbConfig.ruby, "-e", program)
+      _, err, status = run_command({}, RbConfig.ruby, "-I#{LIB}", File.join(ROOT, "exe/strobe"), "run", "--native",
+                                   "--mode", "cpu", "--raw", "--profile", out_path, "--", RbConfig.ruby, "-e", program)
       assert status.success?, err
-      assert_match(/deflate \(libz\.so/, out, "the text report names libz's deflate")
+      assert_match(/deflate \(libz\.so/, err, "the text report names libz's deflate")
       result = Strobe.load(out_path)
       assert_equal true, result[:native]
       assert(result[:frames].values.any? { |f| f[:native] && f[:name].start_with?("deflate (libz.so") })

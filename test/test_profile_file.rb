@@ -46,6 +46,22 @@ class TestProfileFile < Minitest::Test
     assert_equal result, Strobe.load(path)
   end
 
+  # The working directory profiling started in (what relative frame paths
+  # are relative to) is in the result, the file and merges of results that
+  # agree on it.
+  def test_the_working_directory_is_kept
+    result = Dir.chdir(@dir) { profile }
+    assert_equal File.realpath(@dir), result[:cwd]
+    path = File.join(@dir, "p.json")
+    Strobe.save(result, path)
+    assert_equal result[:cwd], Strobe.load(path)[:cwd]
+    assert_equal result[:cwd], Strobe::Merge.results([result, result])[:cwd]
+    assert_nil Strobe::Merge.results([result, result.merge(cwd: "/elsewhere")])[:cwd]
+    doc = Strobe::ProfileFile.encode(result)
+    assert_corrupt JSON.generate(doc.merge(cwd: 5)), /cwd is not an absolute path/
+    assert_corrupt JSON.generate(doc.merge(cwd: "relative")), /cwd is not an absolute path/
+  end
+
   def test_gz_suffix_gzips
     result = profile
     path = File.join(@dir, "p.json.gz")

@@ -83,13 +83,41 @@ class TestReportFormats < Minitest::Test
   end
 
   def test_files_counts_each_sample_once_per_file
-    rows = output(report, :print_files).lines.map { |l| l.match(/\A *(\d+) +\(.*?\) +(\d+) +\(.*?\) +(.*)\n\z/) }
+    header, *lines = output(report, :print_files).lines
+    assert_equal "     TOTAL    (pct)     SAMPLES    (pct)     FILE\n", header
+    assert_equal header.index("(pct)     SAMPLES") + "(pct)".size, lines.first.index(")") + 1, "columns under their titles"
+    rows = lines.map { |l| l.match(/\A *(\d+) +\(.*?\) +(\d+) +\(.*?\) +(.*)\n\z/) }
     by_file = rows.to_h { |m| [m[3], [m[1].to_i, m[2].to_i]] }
     # /app/a.rb: every stack but the GC ones has A#run (11), self A#pow 6 + A#run 2.
     assert_equal [11, 8], by_file["/app/a.rb"]
     assert_equal [11, 0], by_file["/app/main.rb"]
     assert_equal [3, 3], by_file["/lib/str.rb"]
     assert_equal [2, 2], by_file["(no file)"]
+  end
+
+  # A relative path names the file of the directory the profile was taken
+  # in (cwd); without cwd, the one absolute path ending with it. Ruby's
+  # names for code without a file are left alone.
+  def test_relative_paths_are_resolved
+    relative = lambda do |result|
+      result[:frames][1] = result[:frames][1].merge(file: "main.rb")
+      result[:frames][4] = result[:frames][4].merge(file: "-e")
+      result
+    end
+    files = ->(result) { output(report(result), :print_files).lines.drop(1).map { |l| l.chomp.split("     ").last }.sort }
+    assert_equal ["(no file)", "-e", "/app/a.rb", "/elsewhere/main.rb"], files.(relative.(raw_fixture).merge(cwd: "/elsewhere"))
+    assert_equal ["(no file)", "-e", "/app/a.rb", "main.rb"], files.(relative.(raw_fixture)), "no absolute main.rb"
+    # The suffix of one absolute path: that file; of two: left as it is.
+    with_a_main = relative.(raw_fixture)
+    with_a_main[:frames][3] = with_a_main[:frames][3].merge(file: "/app/main.rb")
+    assert_equal ["(no file)", "-e", "/app/a.rb", "/app/main.rb"], files.(with_a_main)
+    with_two = relative.(raw_fixture)
+    with_two[:frames][2] = with_two[:frames][2].merge(file: "/app/main.rb")
+    with_two[:frames][3] = with_two[:frames][3].merge(file: "/lib/main.rb")
+    assert_equal 3, files.(with_two).count { |file| file.end_with?("main.rb") }
+    # --select-files sees the resolved path.
+    only = report(relative.(raw_fixture).merge(cwd: "/elsewhere"), select_files: ["/elsewhere"])
+    assert_equal ["<main> 11\n"], output(only, :print_stackcollapse).lines.sort
   end
 
   def test_method_shows_callers_callees_and_code

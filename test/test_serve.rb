@@ -11,9 +11,10 @@ require "zlib"
 require "tmpdir"
 
 # `strobe serve -- COMMAND`: the profiled program serves its profile so far
-# as Firefox Profiler JSON on 127.0.0.1, under a secret path, readable
-# cross-origin by the Firefox Profiler only, to many clients at once, and
-# keeps serving it after it ends, until interrupted.
+# as Firefox Profiler JSON and in Strobe's own format (for `strobe report
+# URL`) on 127.0.0.1, under a secret path, readable cross-origin by the
+# Firefox Profiler only, to many clients at once, and keeps serving it after
+# it ends, until interrupted.
 #
 # Every wait here is bounded (a safeguard against a hang); no assertion is
 # about how long something took.
@@ -170,6 +171,34 @@ class TestServe < Minitest::Test
     end
   end
 
+  # `strobe report URL` reads the profile so far from strobe.json, as it
+  # reads a file: the report of a program still running, of one thread.
+  def test_strobe_report_reads_the_served_profile
+    Dir.mktmpdir do |dir|
+      _, err, status = serve(dir) do |url, stderr|
+        strobe_url = url.sub(/profile\.json\z/, "strobe.json")
+        assert_includes stderr.call, "strobe: in Strobe's format at #{strobe_url} (strobe report reads it)\n"
+        wait_until(30, stderr) do # until the ticker thread has run
+          Strobe::ProfileFile.parse(get(strobe_url).body, "served")[:threads].any? do |_, t|
+            t[:name] == "ticker" && t[:samples].positive?
+          end
+        end
+        report = lambda do |*args|
+          out, report_err, report_status = run_command({}, RbConfig.ruby, "-I#{StrobeTestHelpers::LIB}", STROBE, "report",
+                                                        strobe_url, *args)
+          assert report_status.success?, "strobe report #{args.join(' ')}: #{report_err}"
+          assert_equal "", report_err
+          out
+        end
+        whole = report.call
+        assert_match(/^  Mode: wall\(1000\)$/, whole)
+        assert_match(/^ +\d+ +\d+ +\([\d.]+%\)( .*)? +ticker$/, whole, "the threads are listed")
+        assert_match(/^  Thread: \d+ \(ticker\)$/, report.call("--thread", "ticker"))
+      end
+      assert status.success?, err
+    end
+  end
+
   # ---- the server in this process ------------------------------------------
 
   # A Serve on a free port, with this process profiled; yields it and its
@@ -251,6 +280,34 @@ class TestServe < Minitest::Test
       assert_equal "204", preflight.code
       assert_equal PROFILER, preflight["access-control-allow-origin"]
       assert_equal "true", preflight["access-control-allow-private-network"]
+    end
+  end
+
+  # strobe.json is the profile so far in Strobe's own file format: under
+  # the same token and Host checks, gzipped when asked, shared by requests
+  # close together, and not readable cross-origin (the Firefox Profiler
+  # reads profile.json).
+  def test_strobe_json_is_the_profile_in_strobes_format
+    with_server(fresh: 600) do |server, _|
+      assert_equal "http://127.0.0.1:#{server.port}/#{server.token}/strobe.json", server.strobe_url
+      path = URI(server.strobe_url).path
+      wait_until(30) { spin(0.01) || Strobe.snapshot[:samples].positive? } # samples to serve
+      plain = request(server.port, path, "Host" => host(server), "Origin" => PROFILER, "Accept-Encoding" => "identity")
+      assert_equal ["200", "application/json"], [plain.code, plain["content-type"]]
+      assert_nil plain["access-control-allow-origin"]
+      result = Strobe::ProfileFile.parse(plain.body, "served")
+      assert_equal [:wall, 1000, Process.pid], result.values_at(:mode, :interval, :pid)
+      assert_kind_of Array, result[:raw], "a complete profile: raw samples too"
+      gzipped = request(server.port, path, "Host" => host(server), "Accept-Encoding" => "gzip")
+      assert_equal "gzip", gzipped["content-encoding"]
+      assert_equal plain.body, gunzip(gzipped.body), "the same snapshot"
+      assert_equal 1, server.snapshots.builds
+      assert_equal "200", get(server.url).code
+      assert_equal 2, server.snapshots.builds, "the Firefox export is built once too"
+
+      assert_equal "403", request(server.port, path, "Host" => "attacker.example").code
+      assert_equal "404", request(server.port, path.sub(server.token, "0" * 32), "Host" => host(server)).code
+      assert_includes request(server.port, "/#{server.token}/", "Host" => host(server)).body, server.strobe_url
     end
   end
 

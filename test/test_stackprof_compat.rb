@@ -44,7 +44,7 @@ class TestStackprofCompat < Minitest::Test
 
   def test_top_level_keys_are_stackprofs_plus_extensions
     assert_empty @stackprof.keys - @strobe.keys, "every stackprof key is present"
-    assert_equal %i[threads raw_sample_threads truncated_samples started_at duration pid].sort, (@strobe.keys - @stackprof.keys).sort
+    assert_equal %i[threads raw_sample_threads truncated_samples started_at duration pid cwd].sort, (@strobe.keys - @stackprof.keys).sort
   end
 
   def test_counts_edges_and_lines_match_stackprof

@@ -5,7 +5,8 @@ require "stringio"
 require "tmpdir"
 require "strobe/cli"
 
-# Reports restricted to one thread (Report thread:, strobe report --thread).
+# Reports restricted to one thread, or to the threads of a name (Report
+# thread:, strobe report --thread), and the text report's list of threads.
 class TestThreadReport < Minitest::Test
   def burn(seconds)
     clock = Process::CLOCK_THREAD_CPUTIME_ID
@@ -88,6 +89,74 @@ class TestThreadReport < Minitest::Test
       assert_equal 1, Strobe::CLI.new(["report", file, "--thread", "1"], out: StringIO.new, err: err).run
       assert_equal 1, err.string.lines.size
       assert_match(/\Astrobe: cannot report on .*no thread 1 in this profile/, err.string)
+    end
+  end
+
+  # Threads by name: one, several sharing it (their samples together), the
+  # main thread as "main"; a name that looks like a number but is no id.
+  def named_threads_result
+    Strobe.run(mode: :custom, raw: true) do
+      Strobe.sample
+      [["twin", 3], ["twin", 2], ["7", 4]].map do |name, samples|
+        Thread.new do
+          Thread.current.name = name
+          samples.times { Strobe.sample }
+        end
+      end.each(&:join)
+    end
+  end
+
+  def text(report)
+    io = StringIO.new
+    report.print_text(io)
+    io.string
+  end
+
+  def test_threads_by_name
+    result = named_threads_result
+    main = result[:threads].find { |_, t| t[:main] }.first
+    twins = result[:threads].select { |_, t| t[:name] == "twin" }.keys
+    assert_equal 2, twins.size
+
+    both = Strobe::Report.new(result, thread: "twin")
+    assert_equal 5, both.samples
+    assert_equal twins.sort, both.result[:threads].keys.sort
+    assert_includes text(both), "  Thread: twin (2 threads)\n"
+    assert_equal 4, Strobe::Report.new(result, thread: "7").samples, "a name, not an id"
+    [main, main.to_s, "main"].each do |thread|
+      report = Strobe::Report.new(result, thread: thread)
+      assert_equal [1, main], [report.samples, report.result[:thread]], thread.inspect
+      assert_includes text(report), "  Thread: #{main} (main)\n"
+    end
+
+    error = assert_raises(ArgumentError) { Strobe::Report.new(result, thread: "nobody") }
+    assert_match(/\Ano thread "nobody" in this profile \(threads: .*\)\z/, error.message)
+    assert_includes error.message, "main (#{main})"
+    twins.each { |id| assert_includes error.message, "twin (#{id})" }
+  end
+
+  # The text report lists the threads, most samples first: id, samples,
+  # share of the samples, name ("main" for the main thread).
+  def test_the_text_report_lists_the_threads
+    result = named_threads_result
+    id_of = ->(name, samples) { result[:threads].find { |_, t| t[:name] == name && t[:samples] == samples }.first }
+    main = result[:threads].find { |_, t| t[:main] }.first
+    rows = text(Strobe::Report.new(result)).lines.drop_while { |line| !line.start_with?("  Threads") }.drop(2)
+                                           .take_while { |line| !line.start_with?("=") }
+    expected = [[id_of.("7", 4), 4, "40.0", "7"], [id_of.("twin", 3), 3, "30.0", "twin"],
+                [id_of.("twin", 2), 2, "20.0", "twin"], [main, 1, "10.0", "main"]]
+    assert_equal expected.size, rows.size, rows.join
+    expected.zip(rows).each do |(id, samples, pct, name), row|
+      assert_match(/\A +#{id} +#{samples} +\( ?#{pct}%\)( .*)? +#{name}\n\z/, row)
+    end
+
+    Dir.mktmpdir do |dir|
+      file = File.join(dir, "named.json")
+      Strobe.save(result, file)
+      out = StringIO.new
+      assert_equal 0, Strobe::CLI.new(["report", file, "--thread", "twin"], out: out, err: StringIO.new).run
+      assert_includes out.string, "Thread: twin (2 threads)"
+      assert_match(/Samples: 5 /, out.string)
     end
   end
 

@@ -146,12 +146,15 @@ class TestThreadStates < Minitest::Test
     info[:states] = { running: 1, waiting: 1, blocked: info[:samples] - 2 }
     out = StringIO.new
     Strobe::Report.new(result).print_text(out)
-    blocked = format("%5.1f%%", 100.0 * (info[:samples] - 2) / info[:samples])
-    assert_match(/Threads \(running \/ waiting for the GVL \/ blocked\):/, out.string)
-    assert_match(/#{id} \(worker\)\s+#{info[:samples]} samples .* \/ #{Regexp.escape(blocked)}$/, out.string)
+    share = ->(n) { Regexp.escape(format("%5.1f%%", 100.0 * n / info[:samples])) }
+    assert_match(/^  Threads \(RUNNING \/ WAITING for the GVL \/ BLOCKED: shares of each one's samples\):\n +ID +SAMPLES +\(pct\) +RUNNING +WAITING +BLOCKED +THREAD$/,
+                 out.string)
+    assert_match(/^ +#{id} +#{info[:samples]} +\([\d.]+%\) +#{share.(1)} +#{share.(1)} +#{share.(info[:samples] - 2)}     worker$/,
+                 out.string)
 
     plain = StringIO.new
     Strobe::Report.new(result.merge(threads: result[:threads].transform_values { |t| t.except(:states) })).print_text(plain)
-    refute_match(/Threads/, plain.string, "no state lines without states")
+    assert_match(/^  Threads:\n +ID +SAMPLES +\(pct\) +THREAD$/, plain.string, "the threads, without state columns")
+    refute_match(/RUNNING/, plain.string)
   end
 end

@@ -24,12 +24,12 @@
 #                    directory, default ".", or a file name numbered from the
 #                    second stop on; see Strobe::Toggle)
 #   STROBE_SERVE     a port (0: any free one): instead of writing a file,
-#                    serve the profile so far as Firefox Profiler JSON on
-#                    127.0.0.1 (see Strobe::Serve), and once the program
-#                    ends, keep serving it until INT or TERM (a program
-#                    ended by TERM is not served any longer). A process
-#                    that cannot bind the port (a child of the first) is
-#                    not profiled.
+#                    serve the profile so far as Firefox Profiler JSON, and
+#                    in Strobe's own format, on 127.0.0.1 (see
+#                    Strobe::Serve), and once the program ends, keep
+#                    serving it until INT or TERM (a program ended by TERM
+#                    is not served any longer). A process that cannot bind
+#                    the port (a child of the first) is not profiled.
 #
 # The profile is written when the program exits, after the program's own
 # at_exit handlers (this one is registered first, so it runs last). A bad
@@ -134,6 +134,7 @@ module Strobe
 
       @pid = Process.pid
       @err.puts "strobe: serving the profile of process #{@pid} at #{server.url}"
+      @err.puts "strobe: in Strobe's format at #{server.strobe_url} (strobe report reads it)"
       @err.puts "strobe: open #{server.profiler_url}"
       at_exit { keep_serving(server) }
       true

@@ -14,21 +14,34 @@ module Strobe
   # The `strobe` command line:
   #
   #   strobe run [options] [--] COMMAND...   profile COMMAND, then report
-  #   strobe report [options] FILE...        report on saved profiles
+  #   strobe report [options] FILE|URL...    report on saved profiles
   #   strobe serve [options] [--] COMMAND... run COMMAND, serving its profile
   #                                          to the Firefox Profiler
   #
   # Strobe::CLI.new(argv).run returns the exit status instead of exiting, and
   # reports every problem as one `strobe: ...` line on err, never a backtrace.
+  # `strobe run` writes everything of its own on err: out is the profiled
+  # program's.
   class CLI
-    DEFAULT_OUT = "strobe-profile.json"
+    DEFAULT_PROFILE = "strobe-profile.json"
+    # The rows of the text report `strobe run` prints (--limit changes it).
+    RUN_LIMIT = 30
     DEFAULT_PORT = 5150
     LIB_DIR = File.expand_path("..", __dir__)
     AUTORUN = File.expand_path("autorun.rb", __dir__)
     MODES = Options::MODES.map(&:to_s).freeze
 
+    # `strobe report URL`: what may be downloaded (the most the profile
+    # loader inflates a file to), and how long the server may keep us waiting.
+    URL = %r{\Ahttps?://}i
+    DOWNLOAD_LIMIT = ProfileFile::MAX_INFLATED
+    DOWNLOAD_TIMEOUT = 10
+
     # A command line that cannot be carried out; its message is shown as is.
     class UsageError < StandardError; end
+
+    # A profile that could not be downloaded; its message says why.
+    class DownloadError < StandardError; end
 
     def initialize(argv, out: $stdout, err: $stderr, input: $stdin)
       @argv = argv.dup
@@ -78,18 +91,20 @@ module Strobe
     # --- strobe run ----------------------------------------------------------
 
     public def run_command(args)
-      settings = { mode: "wall", interval: nil, raw: false, out: DEFAULT_OUT, limit: nil, sort_by_total: false }
+      settings = { mode: "wall", interval: nil, raw: false, profile: DEFAULT_PROFILE, out: nil, limit: RUN_LIMIT,
+                   sort_by_total: false, quiet: false }
       run_parser(settings).order!(args) # stops at COMMAND, so its own options are left alone
       raise UsageError, "run: no COMMAND given (see strobe run --help)" if args.empty?
 
-      out = File.expand_path(settings[:out])
-      check_run_settings(settings, out)
-      dir = run_directory(out)
+      profile = File.expand_path(settings[:profile])
+      report = settings[:out] && File.expand_path(settings[:out])
+      check_run_settings(settings, profile, report)
+      dir = run_directory(profile)
       begin
         status = spawn_and_wait(run_env(settings, dir), args)
         return status if status.is_a?(Integer) # could not start it
 
-        finish_run(args, status, out, dir, settings)
+        finish_run(args, status, profile, dir, settings.merge(out: report))
       ensure
         FileUtils.rm_rf(dir)
       end
@@ -100,45 +115,70 @@ module Strobe
         parser.banner = "Usage: strobe run [options] [--] COMMAND [ARGS...]"
         parser.separator ""
         parser.separator "Runs COMMAND (e.g. `ruby app.rb`) with every Ruby process it starts profiled by Strobe"
-        parser.separator "(through RUBYOPT), then prints the text report of the profile. Exits with COMMAND's status."
-        parser.separator "When several Ruby processes ran, each keeps its own profile (OUT.PID.json, listed), OUT is"
-        parser.separator "their merge, and the report is of the merge."
+        parser.separator "(through RUBYOPT), writes the profile, then prints the text report of its top #{RUN_LIMIT} frames."
+        parser.separator "Exits with COMMAND's status. Strobe writes its messages and the report on standard error:"
+        parser.separator "standard output is COMMAND's alone. When several Ruby processes ran, each keeps its own"
+        parser.separator "profile (PROFILE.PID.json, listed), PROFILE is their merge, and the report is of the merge."
         parser.separator ""
         parser.separator "Options:"
         sampling_options(parser, settings)
         parser.on("--raw", "Keep the raw samples in the profile (for flame graphs)") { settings[:raw] = true }
-        parser.on("-o", "--out FILE", "Where to write the profile (default: #{DEFAULT_OUT} in the current directory)") do |file|
-          settings[:out] = file
+        parser.on("--profile FILE", "Where to write the profile (default: #{DEFAULT_PROFILE} in the current directory)") do |file|
+          settings[:profile] = file
         end
-        report_options(parser, settings)
+        parser.on("-o", "--out FILE", "Write the report to FILE instead of standard error") { |file| settings[:out] = file }
+        parser.on("-q", "--quiet", "Write the profile only: no report, and no messages but errors") do
+          settings[:quiet] = true
+        end
+        report_options(parser, settings, default_limit: RUN_LIMIT)
         common_options(parser)
       end
     end
 
-    def check_run_settings(settings, out)
+    def check_run_settings(settings, profile, report)
       unless MODES.include?(settings[:mode])
         raise UsageError, "run: invalid mode: #{settings[:mode]} (use one of #{MODES.join(', ')})"
       end
-
-      # The profiler's own checks of the interval and of the out path.
-      Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native], out: out)
-      if [LIB_DIR, out].any? { |path| path.match?(/\s/) }
-        raise UsageError, "cannot run with a space in Strobe's directory (#{LIB_DIR}) or in the profile path " \
-                          "(#{out}): RUBYOPT and the environment cannot carry it"
+      raise UsageError, "run: --quiet writes no report, and -o FILE asks for one: give one of them" if report && settings[:quiet]
+      raise UsageError, "run: -o and --profile name the same file (#{profile})" if report == profile
+      if report&.match?(/\.json(\.gz)?\z/)
+        raise UsageError, "run: -o FILE is where the text report goes; write the profile with --profile #{settings[:out]}"
       end
-    rescue ArgumentError => e
-      raise UsageError, "run: #{e.message}"
+
+      begin
+        # The profiler's own checks of the interval and of the profile's path.
+        Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native], out: profile)
+      rescue ArgumentError => e
+        raise UsageError, "run: #{e.message.sub(/\Aout path/, 'profile path')}"
+      end
+      check_report_path(report) if report
+      if [LIB_DIR, profile].any? { |path| path.match?(/\s/) }
+        raise UsageError, "cannot run with a space in Strobe's directory (#{LIB_DIR}) or in the profile path " \
+                          "(#{profile}): RUBYOPT and the environment cannot carry it"
+      end
     end
 
-    # A new private directory next to out, where each Ruby process the
-    # command starts writes its own profile (PID.json): next to it, so
+    # The report's file must be writable before the command runs, as the
+    # profile's: a long run should not end in a report that cannot be
+    # written.
+    def check_report_path(path)
+      dir = File.dirname(path)
+      problem = if !File.directory?(dir) then "directory #{dir} does not exist"
+                elsif !File.writable?(dir) then "directory #{dir} is not writable"
+                elsif File.directory?(path) then "it is a directory"
+                end
+      raise UsageError, "run: cannot write the report to #{path}: #{problem}" if problem
+    end
+
+    # A new private directory next to the profile, where each Ruby process
+    # the command starts writes its own profile (PID.json): next to it, so
     # that they can be renamed into place.
-    def run_directory(out)
-      dir = File.join(File.dirname(out), ".strobe-run-#{SecureRandom.hex(8)}")
+    def run_directory(profile)
+      dir = File.join(File.dirname(profile), ".strobe-run-#{SecureRandom.hex(8)}")
       Dir.mkdir(dir, 0o700)
       dir
     rescue SystemCallError => e
-      raise UsageError, "run: cannot write next to #{out}: #{system_reason(e)}"
+      raise UsageError, "run: cannot write next to #{profile}: #{system_reason(e)}"
     end
 
     # The child's environment: Strobe is loaded by RUBYOPT and configured by
@@ -183,33 +223,38 @@ module Strobe
       nil
     end
 
-    # One Ruby process profiled: its profile becomes out. Several (a Rakefile
-    # running tests, a script running others): each keeps its own, as
-    # OUT.PID.json, out is their merge, and the report is of the merge.
-    def finish_run(command, status, out, dir, settings)
+    # One Ruby process profiled: its profile becomes the profile. Several (a
+    # Rakefile running tests, a script running others): each keeps its own,
+    # as PROFILE.PID.json, the profile is their merge, and the report is of
+    # the merge.
+    def finish_run(command, status, profile, dir, settings)
       child_status = exit_status(status)
       files = Dir.glob(File.join(dir, "*.json")).sort_by { |f| [File.mtime(f), f] }
       if files.empty?
-        error "#{command.join(' ')} #{describe(status)} without writing a profile to #{out}"
+        error "#{command.join(' ')} #{describe(status)} without writing a profile to #{profile}"
         return child_status.zero? ? 1 : child_status
       end
 
-      report_status = files.size == 1 ? keep_one(files.first, out, settings) : keep_each(files, out, settings, command)
+      quiet = settings[:quiet]
+      kept = files.size == 1 ? keep_one(files.first, profile, quiet) : keep_each(files, profile, command, quiet)
+      return kept unless kept.zero?
+
+      report_status = quiet ? 0 : run_report(profile, settings)
       report_status.zero? ? child_status : report_status
     end
 
-    def keep_one(file, out, settings)
-      File.rename(file, out)
-      @out.puts "strobe: profile written to #{out}"
-      print_report([out], limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+    def keep_one(file, profile, quiet)
+      File.rename(file, profile)
+      @err.puts "strobe: profile written to #{profile}" unless quiet
+      0
     rescue SystemCallError => e
-      error "cannot write #{out}: #{system_reason(e)}"
+      error "cannot write #{profile}: #{system_reason(e)}"
     end
 
-    def keep_each(files, out, settings, command)
+    def keep_each(files, profile, command, quiet)
       return 1 unless require_engine
 
-      base = out.sub(/\.json(\.gz)?\z/, "")
+      base = profile.sub(/\.json(\.gz)?\z/, "")
       kept = files.map do |file|
         pid = File.basename(file, ".json")
         path = "#{base}.#{pid}.json"
@@ -219,18 +264,28 @@ module Strobe
       results = kept.map { |_, path| load_profile(path) || (return 1) }
       merged = Merge.results(results, kept.map(&:last))
       merged[:metadata] = merged[:metadata].merge(command: command.join(" "), processes: kept.size)
-      Strobe.save(merged, out)
-      @out.puts "strobe: #{kept.size} Ruby processes profiled; their merged profile is in #{out}, each one's in:"
+      Strobe.save(merged, profile)
+      return 0 if quiet
+
+      @err.puts "strobe: #{kept.size} Ruby processes profiled; their merged profile is in #{profile}, each one's in:"
       kept.zip(results).each do |(pid, path), result|
         command = Report.printable(result.dig(:metadata, :command).to_s)
-        @out.puts format("  %-28s pid %-8s %8d samples  %s", File.basename(path), pid, result[:samples], command)
+        @err.puts format("  %-28s pid %-8s %8d samples  %s", File.basename(path), pid, result[:samples], command)
       end
-      @out.puts "strobe: report on one with: strobe report #{kept.first.last}"
-      print_report([out], limit: settings[:limit], sort_by_total: settings[:sort_by_total])
+      @err.puts "strobe: report on one with: strobe report #{kept.first.last}"
+      0
     rescue ArgumentError, Strobe::ProfileError => e
       error "cannot merge the profiles: #{e.message}"
     rescue SystemCallError => e
-      error "cannot write #{out}: #{system_reason(e)}"
+      error "cannot write #{profile}: #{system_reason(e)}"
+    end
+
+    # The text report of the profile: on err, or to settings[:out].
+    def run_report(profile, settings)
+      status = print_report([profile], limit: settings[:limit], sort_by_total: settings[:sort_by_total],
+                                       out: settings[:out], stream: @err)
+      @err.puts "strobe: report written to #{settings[:out]}" if status.zero? && settings[:out]
+      status
     end
 
     def exit_status(status)
@@ -287,8 +342,9 @@ module Strobe
         parser.banner = "Usage: strobe serve [options] [--] COMMAND [ARGS...]"
         parser.separator ""
         parser.separator "Runs COMMAND (e.g. `ruby app.rb`) profiled by Strobe, and serves the profile collected so"
-        parser.separator "far on http://127.0.0.1:PORT/TOKEN/profile.json for the Firefox Profiler; the link to open"
-        parser.separator "is printed on stderr. TOKEN is random: only who has the link can read the profile, and"
+        parser.separator "far on http://127.0.0.1:PORT/TOKEN/profile.json for the Firefox Profiler, and in Strobe's"
+        parser.separator "own format on http://127.0.0.1:PORT/TOKEN/strobe.json for `strobe report URL`; the links"
+        parser.separator "are printed on stderr. TOKEN is random: only who has a link can read the profile, and"
         parser.separator "only the Firefox Profiler's page (https://profiler.firefox.com) may read it from a browser."
         parser.separator "When COMMAND's Ruby program ends, its profile stays served until Ctrl-C (or TERM); a"
         parser.separator "program ended by TERM is not served any longer. Mode trace is not served."
@@ -343,10 +399,12 @@ module Strobe
 
     def report_parser(settings)
       OptionParser.new do |parser|
-        parser.banner = "Usage: strobe report [options] FILE..."
+        parser.banner = "Usage: strobe report [options] FILE|URL..."
         parser.separator ""
         parser.separator "Reports on profiles written by Strobe (JSON, or gzipped JSON). Several files of the same"
-        parser.separator "mode and interval are merged into one report."
+        parser.separator "mode and interval are merged into one report. A FILE may be an http:// URL, such as the"
+        parser.separator "strobe.json link `strobe serve` prints: it is downloaded (up to #{DOWNLOAD_LIMIT >> 20} MB), then read"
+        parser.separator "as a file."
         parser.separator ""
         parser.separator "Formats (one):"
         format_options(parser, settings)
@@ -360,8 +418,9 @@ module Strobe
           settings[:node_fraction] = f
         end
         filter_options(parser, settings)
-        parser.on("--thread ID", Integer, "Only the samples of thread ID (a key of the profile's threads; needs --raw)") do |id|
-          settings[:thread] = id
+        parser.on("--thread ID|NAME", "Only the samples of thread ID (a key of the profile's threads), or of the " \
+                                      "threads named NAME (main: the main thread; needs --raw)") do |thread|
+          settings[:thread] = thread
         end
         parser.on("--endpoint NAME", "Only the samples taken serving requests to NAME (Strobe::Middleware's endpoints: " \
                                      "PostsController#index, or GET /posts; needs --raw)") do |name|
@@ -424,9 +483,10 @@ module Strobe
       raise OptionParser::InvalidArgument, "#{source} (#{e.message})"
     end
 
-    # Loads, merges and reports; returns the exit status.
+    # Loads, merges and reports (to the file out, or else to stream);
+    # returns the exit status.
     def print_report(paths, limit:, sort_by_total:, thread: nil, endpoint: nil, format: nil, format_arg: nil, filters: {},
-                     node_fraction: 0.005, out: nil, marshal: false, walk: false)
+                     node_fraction: 0.005, out: nil, stream: @out, marshal: false, walk: false)
       raise UsageError, "report: --walk goes with --method NAME" if walk && format != :method
 
       results = []
@@ -440,7 +500,7 @@ module Strobe
       begin
         result = Merge.results(results, paths)
         report = Report.new(result, thread: thread, endpoint: endpoint, **filters)
-        write_report(out) do |io|
+        write_report(out, stream) do |io|
           if walk
             report.walk_method(@in, io, method_pattern(format_arg))
             next 0
@@ -482,13 +542,13 @@ module Strobe
       raise ArgumentError, "--method #{name}: #{e.message}"
     end
 
-    # Yields standard output, or a file written whole by AtomicFile (as
-    # Strobe.save writes profiles: a failed report leaves no half file, and
-    # no symlink is written through), returning the block's status; a file
-    # that cannot be written is one error line. Errors writing standard
-    # output (a closed pipe) are left to #run.
-    def write_report(path)
-      return yield(@out) unless path
+    # Yields stream (standard output), or a file written whole by AtomicFile
+    # (as Strobe.save writes profiles: a failed report leaves no half file,
+    # and no symlink is written through), returning the block's status; a
+    # file that cannot be written is one error line. Errors writing the
+    # stream (a closed pipe) are left to #run.
+    def write_report(path, stream = @out)
+      return yield(stream) unless path
 
       begin
         status = nil
@@ -499,18 +559,89 @@ module Strobe
       end
     end
 
+    # The profile in the file path, or downloaded from the URL path, checked;
+    # nil once a failure is said in one line.
     def load_profile(path, marshal: false)
       return nil unless require_engine
 
       begin
-        @err.puts "strobe: warning: loading #{path} with Marshal, which can run code from the file" if marshal && marshal_file?(path)
-        result = Strobe.load(path, marshal: marshal)
-        Report.new(result) # checks the shape
-        result
+        return download(path) { |file| read_profile(file, path, marshal) } if path.match?(URL)
+
+        read_profile(path, path, marshal)
+      rescue DownloadError => e
+        error "cannot download #{path}: #{e.message}"
+        nil
       rescue Strobe::ProfileError, SystemCallError, ArgumentError => e
         error "cannot read profile #{path}: #{load_failure_reason(e, path)}"
         nil
       end
+    end
+
+    # The profile in file, called name in messages (a downloaded one, its URL).
+    def read_profile(file, name, marshal)
+      @err.puts "strobe: warning: loading #{name} with Marshal, which can run code from the file" if marshal && marshal_file?(file)
+      result = if file == name
+                 Strobe.load(file, marshal: marshal)
+               else
+                 ProfileFile.parse(File.binread(file), name, marshal: marshal) # what Strobe.load does, named name
+               end
+      Report.new(result) # checks the shape
+      result
+    end
+
+    # Downloads url into a temporary file and yields its path; the file is
+    # removed after. At most DOWNLOAD_LIMIT bytes are taken (the most the
+    # profile loader inflates a file to, ProfileFile::MAX_INFLATED), written
+    # to the file as they come; the server has DOWNLOAD_TIMEOUT seconds to
+    # accept the connection and for each read. Gzip is asked for and kept as
+    # it came: the loader's checks of gzipped files apply to it.
+    def download(url)
+      require "net/http"
+      require "tempfile"
+      uri = begin
+        URI.parse(url)
+      rescue URI::InvalidURIError => e
+        raise DownloadError, "not a valid URL (#{e.message})"
+      end
+      raise DownloadError, "only http:// URLs can be downloaded" if uri.is_a?(URI::HTTPS) || !uri.is_a?(URI::HTTP)
+      raise DownloadError, "the URL names no host" if uri.host.to_s.empty?
+
+      Tempfile.create("strobe-download") do |file|
+        file.binmode
+        fetch(uri, file)
+        file.flush
+        yield file.path
+      end
+    end
+
+    def fetch(uri, file)
+      Net::HTTP.start(uri.host, uri.port, open_timeout: DOWNLOAD_TIMEOUT, read_timeout: DOWNLOAD_TIMEOUT,
+                                          write_timeout: DOWNLOAD_TIMEOUT) do |http|
+        http.request(Net::HTTP::Get.new(uri, "Accept-Encoding" => "gzip")) do |response|
+          raise DownloadError, "HTTP #{response.code} #{response.message}".strip unless response.code == "200"
+
+          encoding = response["content-encoding"].to_s.strip.downcase
+          unless ["", "identity", "gzip", "x-gzip"].include?(encoding)
+            raise DownloadError, "the server sent it in #{encoding}, not gzip"
+          end
+          too_large = "larger than #{DOWNLOAD_LIMIT >> 20} MB, the most a profile may be"
+          raise DownloadError, too_large if response["content-length"].to_i > DOWNLOAD_LIMIT
+
+          size = 0
+          response.read_body do |chunk|
+            size += chunk.bytesize
+            raise DownloadError, too_large if size > DOWNLOAD_LIMIT
+
+            file.write(chunk)
+          end
+        end
+      end
+    rescue Timeout::Error # Net::OpenTimeout, Net::ReadTimeout
+      raise DownloadError, "no answer within #{DOWNLOAD_TIMEOUT} s"
+    rescue SystemCallError => e
+      raise DownloadError, system_reason(e)
+    rescue SocketError, IOError, Net::ProtocolError, Net::HTTPBadResponse => e
+      raise DownloadError, e.message
     end
 
     def marshal_file?(path)
@@ -550,8 +681,9 @@ module Strobe
       end
     end
 
-    def report_options(parser, settings)
-      parser.on("-l", "--limit N", Integer, "Show only the first N frames (0: all, as stackprof)") do |n|
+    def report_options(parser, settings, default_limit: nil)
+      default = default_limit ? "default #{default_limit}; 0: all" : "0: all, as stackprof"
+      parser.on("-l", "--limit N", Integer, "Show only the first N frames (#{default})") do |n|
         raise OptionParser::InvalidArgument, "#{n} (must be at least 0)" if n.negative?
 
         settings[:limit] = n.zero? ? nil : n
@@ -584,16 +716,18 @@ module Strobe
       <<~HELP
         Usage: strobe COMMAND [options]
 
-        Strobe is a sampling call-stack profiler for Ruby.
+        Strobe is a sampling call-stack profiler for Ruby (the gem strobe-profiler:
+        gem install strobe-profiler).
 
         Commands:
           run [options] [--] COMMAND...   Profile COMMAND (e.g. `ruby app.rb`), write the profile
-                                          (default: #{DEFAULT_OUT}) and print its report
-          report [options] FILE...        Report on saved profiles: text, files, method, graphviz,
-                                          callgrind, stackcollapse, json, flamegraph, or exports
-                                          for pprof, the Firefox Profiler and speedscope
+                                          (default: #{DEFAULT_PROFILE}) and print its report on
+                                          standard error (COMMAND's output stays its own)
+          report [options] FILE|URL...    Report on saved (or served) profiles: text, files, method,
+                                          graphviz, callgrind, stackcollapse, json, flamegraph, or
+                                          exports for pprof, the Firefox Profiler and speedscope
           serve [options] [--] COMMAND... Profile COMMAND and serve the profile so far to the
-                                          Firefox Profiler (the link is printed)
+                                          Firefox Profiler and to strobe report (links printed)
           help [COMMAND]                  Show help for a command
 
         Options:

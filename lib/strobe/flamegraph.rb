@@ -2,6 +2,7 @@
 
 require "json"
 require "cgi"
+require_relative "markers"
 
 module Strobe
   # Writes a report's stack tree into the self-contained HTML viewer
@@ -59,7 +60,7 @@ module Strobe
       {
         meta: { title: @title, mode: @report.mode, interval: @report.interval, samples: @report.samples,
                 unit: "samples", view: @view },
-        frames: { name: details.map { |f| f[:name].to_s }, file: details.map { |f| f[:file].to_s },
+        frames: { name: details.map { |f| text(f[:name]) }, file: details.map { |f| text(f[:file]) },
                   line: details.map { |f| f[:line] }, native: details.map { |f| f[:native] ? 1 : 0 } },
         tree: native.slice(:parent, :frame, :self, :total),
         lanes: lanes,
@@ -77,7 +78,7 @@ module Strobe
         runs = native[:run_offset][t]...native[:run_offset][t + 1]
         own = native[:self_offset][t]...native[:self_offset][t + 1]
         id = native[:thread][t]
-        { thread: id, name: id.nil? ? "all threads" : thread_name(id).to_s, main: main_thread?(id),
+        { thread: id, name: id.nil? ? "all threads" : text(thread_name(id)), main: main_thread?(id),
           samples: native[:samples][t],
           runs: { node: native[:run_node][runs], count: native[:run_count][runs],
                   start: native[:run_start][runs], end: native[:run_end][runs] },
@@ -123,7 +124,7 @@ module Strobe
 
       lane_of = lanes.each_with_index.to_h { |lane, i| [lane[:thread], i] }
       {
-        type: list.map { |m| m[:type].to_s }, name: list.map { |m| m[:name] },
+        type: list.map { |m| text(m[:type]) }, name: list.map { |m| text(m[:name]) },
         lane: list.map { |m| lane_of.fetch(m[:thread], -1) },
         start: list.map { |m| axis.at(m[:start]) },
         end: list.map { |m| m[:end] && axis.at([m[:end], m[:start]].max) },
@@ -147,7 +148,13 @@ module Strobe
       (marker[:data] || {}).each do |key, value|
         lines << "#{key}: #{value.is_a?(Array) ? value.join(', ') : value}" unless value.nil?
       end
-      lines.map { |line| line.length > TOOLTIP_LINE ? "#{line[0, TOOLTIP_LINE]}…" : line }
+      lines.map { |line| text(line) }.map { |line| line.length > TOOLTIP_LINE ? "#{line[0, TOOLTIP_LINE]}…" : line }
+    end
+
+    # A name or line as valid UTF-8: JSON holds nothing else, and a profile
+    # file from elsewhere may have any bytes in its names.
+    def text(value)
+      Markers.utf8(value.to_s)
     end
 
     def main_thread?(id)

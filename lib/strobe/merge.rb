@@ -26,6 +26,7 @@ module Strobe
       merged = list.first.reject { |key, _| RAW_KEYS.include?(key) || key == :frames || key == :threads }
       COUNTS.each { |key| merged[key] = list.sum { |r| ProfileFile.count(r[key], key.to_s) } }
       merged[:metadata] = list.map { |r| r[:metadata].is_a?(Hash) ? r[:metadata] : {} }.reduce({}, :merge)
+      merged.delete(:cwd) unless list.all? { |r| r[:cwd] == list.first[:cwd] } # relative paths meant different files
       merge_native(list, merged)
       ids = {}
       merged[:frames] = {}

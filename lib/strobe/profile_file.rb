@@ -316,6 +316,11 @@ module Strobe
       %i[started_at duration pid calls native_incomplete_samples dropped_markers].each do |key|
         header[key] = count(doc[key], "#{name}: #{key}") if doc.key?(key)
       end
+      if doc.key?(:cwd)
+        raise ProfileError, "#{name}: cwd is not an absolute path" unless doc[:cwd].is_a?(String) && doc[:cwd].start_with?("/")
+
+        header[:cwd] = doc[:cwd]
+      end
       header[:native] = true if doc[:native] == true
       header[:clock] = doc[:clock].to_sym if %w[wall cpu].include?(doc[:clock])
       header[:jit] = doc[:jit].to_sym if %w[yjit zjit].include?(doc[:jit])

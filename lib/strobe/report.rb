@@ -72,11 +72,12 @@ module Strobe
     end
     private_class_method :utf8_text
 
-    # thread: a thread id (a key of result[:threads]) restricts the report to
-    # that thread's samples; endpoint: a request endpoint (the middleware's
-    # request markers: "PostsController#index", or "GET /posts") to the
-    # samples of the threads serving those requests while they did. Both
-    # need the per-sample data of raw: true.
+    # thread: a thread id (a key of result[:threads]) or name (see
+    # thread_ids) restricts the report to the samples of that thread, or of
+    # the threads of that name; endpoint: a request endpoint (the
+    # middleware's request markers: "PostsController#index", or
+    # "GET /posts") to the samples of the threads serving those requests
+    # while they did. Both need the per-sample data of raw: true.
     def initialize(result, thread: nil, endpoint: nil, **filters)
       unless result.is_a?(Hash) && (result[:frames].nil? || result[:frames].is_a?(Hash))
         raise ArgumentError, "not a Strobe result: expected a Hash with a :frames Hash, got #{result.class}"
@@ -85,23 +86,50 @@ module Strobe
       raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')}" unless unknown.empty?
 
       @result = thread.nil? ? result : self.class.thread_result(result, thread)
+      @selected = thread
       @result = self.class.endpoint_result(@result, endpoint) unless endpoint.nil?
       @result = @result.merge(frames: {}) if @result[:frames].nil?
       @filters = filters.transform_values { |v| Array(v) }.reject { |_, v| v.empty? }
     end
 
-    # The result of one thread, derived (in C) from a result with raw data.
+    # The result of one thread, or of the threads sharing a name (see
+    # thread_ids), derived (in C) from a result with raw data.
     def self.thread_result(result, thread)
-      threads = result[:threads].is_a?(Hash) ? result[:threads] : {}
-      unless threads.key?(thread)
-        known = threads.keys.empty? ? "none" : threads.keys.join(", ")
-        raise ArgumentError, printable("no thread #{thread.inspect} in this profile (threads: #{known})")
-      end
+      ids = thread_ids(result, thread)
       unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array)
         raise ArgumentError, "a report for one thread needs per-sample data: profile with raw: true (strobe run --raw)"
       end
+      return Native.thread_subset(result, ids.first) if ids.size == 1
 
-      Native.thread_subset(result, thread)
+      Native.windows_subset(result, ids.map { |id| [id, nil, nil] }) # every sample of each
+    end
+
+    # The ids of the threads thread stands for: thread itself when it is a
+    # key of result[:threads]; for a String, the id it spells when that is a
+    # key, or else every thread it names ("main" also names the main
+    # thread). Raises ArgumentError listing the threads when there is none.
+    def self.thread_ids(result, thread)
+      threads = result[:threads].is_a?(Hash) ? result[:threads] : {}
+      return [thread] if threads.key?(thread)
+
+      number = thread.to_s.match?(/\A-?\d+\z/)
+      if thread.is_a?(String)
+        return [thread.to_i] if number && threads.key?(thread.to_i)
+
+        named = threads.select { |_, info| info.is_a?(Hash) && (info[:name] == thread || (thread == "main" && info[:main])) }
+        return named.keys unless named.empty?
+      end
+      known = threads.map { |id, info| (name = thread_name(info)) ? "#{name} (#{id})" : id.to_s }
+      raise ArgumentError, printable("no thread #{number ? thread : thread.inspect} in this profile " \
+                                     "(threads: #{known.empty? ? 'none' : known.join(', ')})")
+    end
+
+    # A thread's name as reports show it: its own, or "main" for the main
+    # thread when it has none; nil for another thread without one.
+    def self.thread_name(info)
+      return nil unless info.is_a?(Hash)
+
+      info[:name] || ("main" if info[:main])
     end
 
     # The samples a result's threads took while serving requests to
@@ -276,21 +304,25 @@ module Strobe
       Report.printable(name).gsub(/["\\]/) { |c| "\\#{c}" }
     end
 
+    FILES_HEADER = "%10s    (pct)  %10s    (pct)     FILE\n"
+
     # Samples per source file, most self samples first: total counts the
     # samples with one of the file's frames anywhere on the stack (once per
     # sample), self those with one on top. Without raw data only self is
-    # known (total is shown as "-").
+    # known (total is shown as "-"). A file is named by its absolute path
+    # (see source_file).
     def print_files(io = $stdout, limit: nil, sort_by_total: false)
       check_limit(limit)
       return print_trace_files(io, limit: limit) if trace?
 
       list = if @result[:raw].is_a?(Array)
-               Native.report_files(@result, kept_ids)
+               Native.report_files(with_source_files(@result), kept_ids)
              else
-               frames.values.group_by { |f| f[:file].to_s }.map { |file, fs| [file, nil, fs.sum { |f| f[:samples].to_i }] }
+               frames.values.group_by { |f| source_file(f) }.map { |file, fs| [file, nil, fs.sum { |f| f[:samples].to_i }] }
              end
       list = list.sort_by { |file, total, self_count| [-(sort_by_total ? total.to_i : self_count), file] }
       list = list.first(limit) if limit
+      io.printf(FILES_HEADER, "TOTAL", "SAMPLES")
       list.each do |file, total, self_count|
         total_columns = total ? format("%10d %8s", total, format_percent(total)) : format("%10s %8s", "-", "")
         io.printf("%s  %10d %8s     %s\n", total_columns, self_count, format_percent(self_count),
@@ -302,7 +334,7 @@ module Strobe
     # does, contains it, as stackprof's --file), annotated with the samples
     # of each line.
     def print_file(io = $stdout, path)
-      files = frames.values.map { |f| f[:file].to_s }.uniq
+      files = frames.values.map { |f| source_file(f) }.uniq
       matches = files.select { |file| file == path || file.end_with?("/#{path}") }
       matches = files.select { |file| file.include?(path) } if matches.empty? && !path.empty?
       raise ArgumentError, "no samples in a file matching #{shown(path)}" if matches.empty?
@@ -310,7 +342,7 @@ module Strobe
       matches.sort.each do |file|
         lines = Hash.new { |h, k| h[k] = [0, 0] }
         frames.each_value do |frame|
-          next unless frame[:file].to_s == file
+          next unless source_file(frame) == file
 
           lines_of(frame).each do |line, (total, self_count)|
             lines[line][0] += total.to_i
@@ -386,7 +418,7 @@ module Strobe
 
     # A trace per source file: calls and self time of its methods.
     def print_trace_files(io, limit:)
-      by_file = frames.values.group_by { |f| f[:file].to_s }.map do |file, fs|
+      by_file = frames.values.group_by { |f| source_file(f) }.map do |file, fs|
         [file, fs.sum { |f| f[:calls].to_i }, fs.sum { |f| f[:self_time].to_f }]
       end
       by_file = by_file.sort_by { |file, _, self_time| [-self_time, file] }
@@ -490,6 +522,21 @@ module Strobe
       format("(%2.1f%%)", percent(count))
     end
 
+    # The path of a frame's source file: a relative one (`ruby app.rb`
+    # makes Ruby name app.rb's top frame "app.rb", its methods' frames
+    # "/dir/app.rb") resolved, so that a file is one file in the reports.
+    def source_file(frame)
+      file = frame[:file].to_s
+      frame[:native] ? file : resolved_files.fetch(file, file)
+    end
+
+    # Paths that name a source file relative to a directory: not absolute,
+    # and not one of Ruby's names for code without a file ("-e", "(eval)",
+    # "<internal:kernel>", "<cfunc>").
+    def self.relative_path?(file)
+      !file.empty? && !file.start_with?("/", "<", "(", "~") && !%w[- -e].include?(file) && !file.include?("\0")
+    end
+
     private
 
     def count_of(key)
@@ -512,7 +559,7 @@ module Strobe
     end
 
     def kept?(frame)
-      file = frame[:file].to_s
+      file = source_file(frame)
       name = frame[:name].to_s
       prefixes = ->(key) { @filters[key].map { |path| File.expand_path(path) } }
       patterns = ->(key) { @filters[key].map { |p| p.is_a?(Regexp) ? p : Regexp.new(Regexp.escape(p.to_s)) } }
@@ -524,10 +571,52 @@ module Strobe
       true
     end
 
+    # {relative path => absolute path} for the relative paths of the
+    # profile's source files: resolved against the directory the profile
+    # was taken in (result[:cwd]) or, for a profile without it, taken for
+    # the one absolute path of the profile that ends with "/" and the
+    # path, when exactly one does.
+    def resolved_files
+      @resolved_files ||= begin
+        files = (@result[:frames] || {}).each_value.filter_map do |f|
+          f[:file] if f.is_a?(Hash) && f[:file].is_a?(String) && !f[:native]
+        end.uniq
+        relative = files.select { |file| Report.relative_path?(file) }
+        relative.empty? ? {} : resolve(relative, files)
+      end
+    end
+
+    def resolve(relative, files)
+      cwd = @result[:cwd]
+      if cwd.is_a?(String) && cwd.start_with?("/")
+        return relative.to_h { |file| [file, File.expand_path(file, cwd)] }
+      end
+
+      absolute = files.select { |file| file.start_with?("/") }.group_by { |file| File.basename(file) }
+      relative.each_with_object({}) do |file, map|
+        suffix = "/#{file.sub(%r{\A(\./)+}, '')}"
+        candidates = (absolute[File.basename(file)] || []).select { |path| path.end_with?(suffix) }
+        map[file] = candidates.first if candidates.size == 1
+      end
+    rescue ArgumentError, EncodingError
+      {} # a path File will not take (a byte that is not in its encoding)
+    end
+
+    # result with its frames' files resolved (source_file), for the C
+    # reports that count by file.
+    def with_source_files(result)
+      return result if resolved_files.empty?
+
+      result.merge(frames: result[:frames].transform_values do |f|
+        f.is_a?(Hash) && !f[:native] && resolved_files.key?(f[:file]) ? f.merge(file: resolved_files[f[:file]]) : f
+      end)
+    end
+
     def print_method_frame(io, id, frame, callers)
       total = frame[:total_samples].to_i
       self_count = frame[:samples].to_i
-      location = frame[:line] ? "#{frame[:file]}:#{frame[:line]}" : frame[:file].to_s
+      file = source_file(frame)
+      location = frame[:line] ? "#{file}:#{frame[:line]}" : file
       io.puts shown("#{frame[:name]} (#{location})")
       if trace?
         all = trace_wall_time
@@ -540,11 +629,11 @@ module Strobe
       print_neighbours(io, trace? ? "callers (calls)" : "callers", callers)
       print_neighbours(io, trace? ? "callees (calls)" : "callees", frame[:edges] || {})
       lines = lines_of(frame)
-      return if lines.empty? || frame[:file].to_s.empty?
+      return if lines.empty? || file.empty?
 
       io.puts "  code:"
       first = frame[:line].is_a?(Integer) ? frame[:line] : lines.keys.min
-      ReportSource.new(frame[:file].to_s, lines, self).print(PrintableLines.new(io), first..lines.keys.max, indent: "  ")
+      ReportSource.new(file, lines, self).print(PrintableLines.new(io), first..lines.keys.max, indent: "  ")
     end
 
     # [[id, {caller id => count}], ...] of the frames name stands for (see
@@ -609,36 +698,59 @@ module Strobe
     def print_header(io)
       io.puts RULE
       io.puts "  Mode: #{shown(modeline)}"
-      io.puts "  Thread: #{shown(thread_line)}" if @result[:thread]
+      io.puts "  Thread: #{shown(thread_line)}" if @result[:thread] || @selected
       io.puts format("  Samples: %d (%.2f%% miss rate)", samples, miss_rate)
       io.puts format("  GC: %d (%.2f%%)", gc_samples, gc_rate)
       if truncated_samples.positive?
         io.puts format("  Truncated: %d (%.2f%%), stacks deeper than 1024 frames", truncated_samples,
                        percent(truncated_samples))
       end
-      print_thread_states(io)
+      print_threads(io)
       io.puts RULE
     end
 
-    # With GVL states (Ruby 3.2+), one line per thread: the share of its
-    # samples it was running, waiting for the GVL, or blocked.
-    def print_thread_states(io)
-      threads = @result[:threads].is_a?(Hash) ? @result[:threads].select { |_, t| t[:states].is_a?(Hash) } : {}
-      return if threads.empty?
+    THREAD_HEADER = "    %10s  %10s    (pct)"
+    THREAD_ROW = "    %10s  %10d %8s"
+    STATE_COLUMNS = "  %7s  %7s  %7s"
 
-      io.puts "  Threads (running / waiting for the GVL / blocked):"
+    # The threads, most samples first, when there are several or their
+    # samples carry GVL states (Ruby 3.2+): each one's id, samples and share
+    # of the report's samples, the share of its own samples it was running,
+    # waiting for the GVL or blocked, and its name.
+    def print_threads(io)
+      threads = @result[:threads].is_a?(Hash) ? @result[:threads].select { |_, t| t.is_a?(Hash) } : {}
+      states = threads.values.any? { |t| t[:states].is_a?(Hash) }
+      return unless threads.size > 1 || states
+
+      io.puts states ? "  Threads (RUNNING / WAITING for the GVL / BLOCKED: shares of each one's samples):" : "  Threads:"
+      io.puts [format(THREAD_HEADER, "ID", "SAMPLES"), (format(STATE_COLUMNS, "RUNNING", "WAITING", "BLOCKED") if states),
+               "     THREAD"].join
       threads.sort_by { |id, t| [-t[:samples].to_i, id.to_s] }.each do |id, t|
-        states = t[:states]
-        total = [states.values.sum, 1].max
-        shares = ProfileFile::THREAD_STATES.map { |s| format("%5.1f%%", 100.0 * states[s].to_i / total) }
-        label = t[:name] ? "#{id} (#{t[:name]})" : id.to_s
-        io.puts format("    %-28s %8d samples  %s", shown(label), t[:samples].to_i, shares.join(" / "))
+        row = format(THREAD_ROW, shown(id), t[:samples].to_i, format_percent(t[:samples].to_i))
+        row << format(STATE_COLUMNS, *state_shares(t[:states])) if states
+        io.puts "#{row}     #{shown(Report.thread_name(t) || '(no name)')}"
       end
     end
 
+    # The running, waiting and blocked shares of a thread's states ("-"
+    # without them).
+    def state_shares(states)
+      return %w[- - -] unless states.is_a?(Hash)
+
+      total = [states.values.sum, 1].max
+      ProfileFile::THREAD_STATES.map { |s| format("%5.1f%%", 100.0 * states[s].to_i / total) }
+    end
+
+    # The thread a report is restricted to: "ID (NAME)"; for a name several
+    # threads share, the name and how many.
     def thread_line
-      name = @result.dig(:threads, @result[:thread], :name)
-      name ? "#{@result[:thread]} (#{name})" : @result[:thread].to_s
+      if (id = @result[:thread])
+        name = Report.thread_name(@result.dig(:threads, id))
+        return name ? "#{id} (#{name})" : id.to_s
+      end
+
+      count = @result[:threads].is_a?(Hash) ? @result[:threads].size : 0
+      "#{@selected} (#{count} threads)"
     end
 
     def modeline

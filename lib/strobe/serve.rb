@@ -5,17 +5,21 @@ require "io/wait"
 require "zlib"
 require "uri"
 require "securerandom"
+require_relative "profile_file"
 
 module Strobe
   # The HTTP side of `strobe serve`: inside the profiled process, threads of
   # Strobe's own (never profiled themselves) serve the profile collected so
-  # far, as Firefox Profiler JSON, on 127.0.0.1 only, under a secret path:
+  # far on 127.0.0.1 only, under a secret path:
   #
   #   GET /TOKEN/profile.json   the profile so far (a snapshot: profiling
-  #                             goes on); readable cross-origin by
-  #                             https://profiler.firefox.com only, so that
-  #                             its from-url/... link can load it
-  #   GET /TOKEN/               a page linking to it and to the profiler
+  #                             goes on) as Firefox Profiler JSON; readable
+  #                             cross-origin by https://profiler.firefox.com
+  #                             only, so that its from-url/... link can load it
+  #   GET /TOKEN/strobe.json    the same in Strobe's own file format (what
+  #                             Strobe.save writes and `strobe report URL`
+  #                             reads); not readable cross-origin
+  #   GET /TOKEN/               a page linking to both and to the profiler
   #
   # TOKEN is 128 random bits, printed in the URLs only: pasted links work,
   # nothing else can guess them (any other path is 404, the token compared
@@ -29,8 +33,9 @@ module Strobe
   # MAX_PENDING, never anyone's wait); HANDLERS threads answer complete
   # requests, each response within RESPONSE_TIMEOUT. A connection beyond
   # MAX_PENDING, or a request beyond MAX_QUEUED waiting for a handler, gets
-  # 503 at once. Requests close together share one snapshot (Snapshots):
-  # building one holds the GVL, so the program pauses while it is built.
+  # 503 at once. Requests close together for one format share one snapshot
+  # (Snapshots): building one holds the GVL, so the program pauses while it
+  # is built.
   #
   # Accept errors that pass (out of descriptors or memory, a connection
   # aborted) are retried after a pause. Forked children close the listening
@@ -39,6 +44,9 @@ module Strobe
   # `strobe serve --help`).
   class Serve
     PROFILE = "profile.json"
+    STROBE_PROFILE = "strobe.json"
+    # The formats served, by file name.
+    FORMATS = { PROFILE => :firefox, STROBE_PROFILE => :json }.freeze
     PROFILER_ORIGIN = "https://profiler.firefox.com"
     PROFILER = "#{PROFILER_ORIGIN}/from-url/"
     TOKEN_BYTES = 16
@@ -127,52 +135,61 @@ module Strobe
       end
     end
 
-    # The profile so far, exported once and shared by the requests that come
+    # The profile so far in one format (:firefox or :json, Strobe's own),
+    # exported once and shared by the requests for that format that come
     # while it is fresh: for FRESH seconds after it was built, and at least
     # FRESH_PER_BUILD times as long as building it took: building holds the
     # GVL, and this way a client asking in a loop pauses the program for at
-    # most about a fifth of its time. One build at a time; requests that
-    # come meanwhile wait for it.
+    # most about a fifth of its time. One build at a time (of any format);
+    # requests that come meanwhile wait for it.
     class Snapshots
       FRESH = 1.0
       FRESH_PER_BUILD = 4
 
+      # Builds of every format.
       attr_reader :builds
+
+      # One format's export: plain and, once asked for, gzipped.
+      Export = Struct.new(:plain, :gzipped, :expires)
 
       def initialize(fresh: FRESH)
         @fresh = fresh
         @lock = Mutex.new
-        @plain = @gzipped = nil
-        @expires = -Float::INFINITY
+        @exports = Hash.new { |exports, format| exports[format] = Export.new(nil, nil, -Float::INFINITY) }
         @builds = 0
       end
 
-      # The Firefox Profiler JSON of the profile so far (gzipped if asked),
-      # a Body; nil while profiling has not started.
-      def fetch(gzip: false)
+      # The profile so far in format (gzipped if asked), a Body; nil while
+      # profiling has not started.
+      def fetch(format = :firefox, gzip: false)
         @lock.synchronize do
-          build if Serve.now >= @expires
-          next nil unless @plain
+          export = @exports[format]
+          build(export, format) if Serve.now >= export.expires
+          next nil unless export.plain
 
-          gzip ? (@gzipped ||= @plain.gzip) : @plain
+          gzip ? (export.gzipped ||= export.plain.gzip) : export.plain
         end
       end
 
       private
 
-      def build
-        @plain = @gzipped = nil # the old one can go while the new one is built
-        @expires = -Float::INFINITY
+      def build(export, format)
+        export.plain = export.gzipped = nil # the old one can go while the new one is built
+        export.expires = -Float::INFINITY
         started = Serve.now
         result = Strobe.snapshot
         return unless result
 
         body = Body.new
-        Native.export_firefox(result, nil, body)
-        @plain = body
+        if format == :firefox
+          Native.export_firefox(result, nil, body)
+        else
+          ProfileFile.write_to(result, body, format)
+        end
+        export.plain = body
         @builds += 1
         finished = Serve.now
-        @expires = finished + [@fresh, FRESH_PER_BUILD * (finished - started)].max
+        export.expires = finished + [@fresh, FRESH_PER_BUILD * (finished - started)].max
       end
     end
 
@@ -315,8 +332,14 @@ module Strobe
       "http://127.0.0.1:#{@port}/#{@token}/"
     end
 
+    # The Firefox Profiler JSON.
     def url
       "#{page_url}#{PROFILE}"
+    end
+
+    # Strobe's own file format.
+    def strobe_url
+      "#{page_url}#{STROBE_PROFILE}"
     end
 
     def profiler_url
@@ -519,20 +542,22 @@ module Strobe
       return respond(out, 404, "not found\n") unless token && Serve.secure_equal?(token, @token)
 
       case [request.verb, rest.to_s]
-      in ["GET", PROFILE] then send_profile(out, request)
+      in ["GET", PROFILE | STROBE_PROFILE] then send_profile(out, request, FORMATS.fetch(rest))
       in ["GET", ""] then respond(out, 200, index_page, type: "text/html; charset=utf-8")
       in ["OPTIONS", _] then respond(out, 204, "", extra: cors(request, preflight: true))
-      in ["GET", _] then respond(out, 404, "not found: #{url} has the profile\n")
+      in ["GET", _] then respond(out, 404, "not found: #{url} and #{strobe_url} have the profile\n")
       else respond(out, 405, "only GET\n", extra: ["Allow: GET, OPTIONS"])
       end
     end
 
-    def send_profile(out, request)
+    # The profile so far in format; only the Firefox export is for the
+    # Firefox Profiler's page to read.
+    def send_profile(out, request, format)
       gzip = request.header("accept-encoding").to_s.split(",").any? { |e| e.strip.start_with?("gzip") }
-      body = @snapshots.fetch(gzip: gzip)
+      body = @snapshots.fetch(format, gzip: gzip)
       return respond(out, 503, "no profile: profiling has not started\n") unless body
 
-      extra = cors(request)
+      extra = format == :firefox ? cors(request) : []
       extra << "Content-Encoding: gzip" if gzip
       out.write(head(200, "application/json", body.bytesize, extra))
       body.each_chunk { |chunk| out.write(chunk) }
@@ -576,7 +601,9 @@ module Strobe
         <title>Strobe: profile of #{Process.pid}</title></head>
         <body><h1>Strobe is profiling process #{Process.pid}</h1>
         <p><a href="#{profiler_url}">Open the profile so far in the Firefox Profiler</a>
-        (it fetches <a href="#{url}">#{url}</a>).</p></body></html>
+        (it fetches <a href="#{url}">#{url}</a>).</p>
+        <p>The profile so far in Strobe's own file format: <a href="#{strobe_url}">#{strobe_url}</a>
+        (<code>strobe report #{strobe_url}</code>).</p></body></html>
       HTML
     end
 
