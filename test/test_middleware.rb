@@ -8,6 +8,8 @@ require "rack/builder"
 require "rack/lint"
 require "rack/mock"
 require "strobe/middleware"
+require "strobe/cli"
+require "stringio"
 
 # Strobe::Middleware in a real Rack stack: Rack::Lint on both sides of it,
 # requests made with Rack::MockRequest.
@@ -674,6 +676,12 @@ class TestMiddleware < Minitest::Test
     results = files.map { |f| Strobe.load(f) }
     results.each { |r| assert_equal :wall, r[:mode] }
     assert(results.all? { |r| r[:frames].values.any? { |f| f[:name].to_s.include?("Integer#times") } })
+    # Raw samples by default: the files make a flamegraph as they are.
+    results.each { |r| assert_kind_of Array, r[:raw] }
+    flame = File.join(@dir, "flame.html")
+    err = StringIO.new
+    assert_equal 0, Strobe::CLI.new(["report", "--flamegraph", "-o", flame, *files], err: err).run, err.string
+    assert_includes File.read(flame), "Integer#times"
   end
 
   # save_interval: a request ending that long after the last save saves;

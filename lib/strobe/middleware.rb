@@ -24,8 +24,8 @@ module Strobe
   #                 every thread.)
   #   mode:, interval:, raw:, native:, metadata:, format:
   #                 as for Strobe.start (mode :wall, interval 1000; format
-  #                 :json, or an export such as :pprof, which keeps raw
-  #                 samples)
+  #                 :json, or an export such as :pprof), except that raw
+  #                 samples are kept unless raw: false (not in :trace)
   #   path:         where profiles go: a directory (ending in "/", or one
   #                 that exists) gets one file per save, named
   #                 strobe-MODE-PID-TIME.json (or the format's extension,
@@ -126,7 +126,10 @@ module Strobe
       @enabled = check_switch(:enabled, options.fetch(:enabled, !@sample_rate.nil?))
       @permit = check_proc(:permit, options[:permit])
       @on_result = check_proc(:on_result, options[:on_result])
-      @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: options[:raw],
+      # Raw samples by default (not in :trace, which has none): the files
+      # then make flamegraphs, timelines and every export.
+      raw = options.fetch(:raw) { options.fetch(:mode, :wall).to_s == "trace" ? nil : true }
+      @profile = { mode: options.fetch(:mode, :wall), interval: options[:interval], raw: raw,
                    native: options[:native], metadata: options.fetch(:metadata, {}), format: options[:format] }.compact
       checked = Options.new(@profile) # every problem with them, now rather than per request
       @format = checked.format
