@@ -275,18 +275,27 @@ class TestCLI < Minitest::Test
   end
 
   def test_run_passes_its_settings_to_the_command
-    status, _, err = cli("run", "--mode", "custom", "--raw", "--profile", path("raw.json"), "--",
+    status, _, err = cli("run", "--mode", "custom", "--profile", path("raw.json"), "--",
                          RbConfig.ruby, "-e", "2.times { Strobe.sample }")
     assert_equal 0, status, err
     result = Strobe.load(path("raw.json"))
     assert_equal 2, result[:samples]
-    assert result[:raw], "raw samples kept"
+    assert result[:raw], "raw samples kept by default: the profile makes a flamegraph"
+    assert_equal 0, cli("report", "--flamegraph", "-o", path("flame.html"), path("raw.json"))[0]
+
+    status, _, err = cli("run", "-m", "custom", "-i", "2500", "--no-raw", "--profile", path("wall.json"), RbConfig.ruby,
+                         "-e", "2.times { Strobe.sample }")
+    assert_equal 0, status, err
+    result = Strobe.load(path("wall.json"))
+    assert_equal ["custom", 2], [result[:mode].to_s, result[:samples]]
+    refute result[:raw], "--no-raw"
 
     status, _, err = cli("run", "-m", "wall", "-i", "2500", "--profile", path("wall.json"), RbConfig.ruby, "-e", "0")
     assert_equal 0, status, err
-    result = Strobe.load(path("wall.json"))
-    assert_equal ["wall", 2500], [result[:mode].to_s, result[:interval]]
-    refute result[:raw]
+    assert_equal ["wall", 2500], Strobe.load(path("wall.json")).values_at(:mode, :interval).then { |m, i| [m.to_s, i] }
+    status, _, err = cli("run", "-m", "trace", "--profile", path("trace.json"), RbConfig.ruby, "-e", "0")
+    assert_equal 0, status, err
+    assert_equal "trace", Strobe.load(path("trace.json"))[:mode].to_s, "no raw samples asked for in mode trace"
   end
 
   def test_run_of_a_command_that_writes_no_profile

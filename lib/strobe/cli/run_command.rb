@@ -11,7 +11,7 @@ module Strobe
       RUN_LIMIT = 30
 
       def run_command(args)
-        settings = { mode: "wall", interval: nil, raw: false, profile: DEFAULT_PROFILE, out: nil, limit: RUN_LIMIT,
+        settings = { mode: "wall", interval: nil, raw: nil, profile: DEFAULT_PROFILE, out: nil, limit: RUN_LIMIT,
                      sort_by_total: false, quiet: false }
         run_parser(settings).order!(args) # stops at COMMAND, so its own options are left alone
         raise UsageError, "run: no COMMAND given (see strobe run --help)" if args.empty?
@@ -44,7 +44,8 @@ module Strobe
           parser.separator ""
           parser.separator "Options:"
           sampling_options(parser, settings)
-          parser.on("--raw", "Keep the raw samples in the profile (for flame graphs)") { settings[:raw] = true }
+          parser.on("--[no-]raw", "Keep the raw samples in the profile, for flamegraphs, timelines and the exports " \
+                                  "(the default, except in mode trace)") { |raw| settings[:raw] = raw }
           parser.on("--profile FILE", "Where to write the profile (default: #{DEFAULT_PROFILE} in the current directory)") do |file|
             settings[:profile] = file
           end
@@ -103,13 +104,19 @@ module Strobe
         raise UsageError, "run: cannot write next to #{profile}: #{system_reason(e)}"
       end
 
+      # Raw samples unless --no-raw: a profile from strobe run then makes a
+      # flamegraph, a timeline and every export (mode trace records none).
+      def raw?(settings)
+        settings[:raw].nil? ? settings[:mode] != "trace" : settings[:raw]
+      end
+
       # The child's environment: Strobe is loaded by RUBYOPT and configured by
       # STROBE_*; a nil value removes a variable inherited from our environment.
       def run_env(settings, dir)
         ruby_env.merge(
           "STROBE_MODE" => settings[:mode],
           "STROBE_INTERVAL" => settings[:interval]&.to_s,
-          "STROBE_RAW" => settings[:raw] ? "1" : "0",
+          "STROBE_RAW" => raw?(settings) ? "1" : "0",
           "STROBE_NATIVE" => settings[:native] ? "1" : "0",
           "STROBE_OUT" => nil,
           "STROBE_OUT_DIR" => dir,
