@@ -88,8 +88,14 @@ module Strobe
       "#{base}-#{@stops}#{@path.delete_prefix(base)}"
     end
 
+    # One line on stderr, from trap context: with one write(2) when stderr
+    # is an IO. IO#puts takes the IO's write lock, and the trap may have
+    # interrupted the main thread inside a write of its own to stderr
+    # (Ruby 4.0 then raises ThreadError, "recursive locking", and the line
+    # was lost: seen when the signal came right after the program printed).
     def warn_line(message)
-      $stderr.puts "strobe: on #{@signal}: #{message.to_s.lines.first.to_s.chomp}"
+      line = "strobe: on #{@signal}: #{message.to_s.lines.first.to_s.chomp}\n"
+      $stderr.is_a?(IO) ? $stderr.syswrite(line) : $stderr.write(line)
     rescue StandardError
       nil
     end
