@@ -226,6 +226,36 @@ class TestProfileFile < Minitest::Test
     assert_equal 30, Strobe.load(path)[:samples]
   end
 
+  # A FIFO, a device or a socket at the target is written in place: a
+  # rename would put a regular file where the device was (as root, over
+  # /dev/null or /dev/stdout itself). Through a symlink too, unless the
+  # link is in a directory anyone may write to, where it may be planted.
+  def test_devices_and_fifos_are_written_in_place
+    fifo = File.join(@dir, "fifo")
+    File.mkfifo(fifo)
+    reader = Thread.new { File.read(fifo) }
+    Strobe.save(profile, fifo)
+    assert File.pipe?(fifo), "still a FIFO"
+    assert_equal 30, Strobe::ProfileFile.parse(reader.value, fifo)[:samples]
+
+    # /dev/null through a link in a private directory (were the link
+    # replaced, /dev/null itself would be safe).
+    null = File.join(@dir, "null")
+    File.symlink("/dev/null", null)
+    Strobe.save(profile, null)
+    assert File.symlink?(null), "the link is kept: /dev/null was written through it"
+    assert File.chardev?("/dev/null")
+
+    shared = File.join(@dir, "shared")
+    Dir.mkdir(shared)
+    File.chmod(0o1777, shared)
+    planted = File.join(shared, "p.json")
+    File.symlink(null, planted)
+    Strobe.save(profile, planted)
+    refute File.symlink?(planted), "a link anyone could have planted is replaced, not followed"
+    assert_equal 30, Strobe.load(planted)[:samples]
+  end
+
   # Replaces AtomicFile.temp_path for the block with one returning names
   # in turn.
   def with_temp_names(names)

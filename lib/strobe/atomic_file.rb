@@ -23,6 +23,13 @@ module Strobe
   #
   # On any failure, the block's included, the temporary file is removed and
   # the error raised; the target is left as it was.
+  #
+  # A target that is not a regular file but a character device, a FIFO or a
+  # socket (/dev/null, /dev/stdout, a named pipe someone reads) is written
+  # in place instead: renaming over it would replace the device with a
+  # regular file (as root, /dev/stdout itself). Through a symlink only if
+  # the link's directory is not writable by everyone, where another user
+  # could have planted it. A block device is refused.
   module AtomicFile
     FLAGS = File::WRONLY | File::CREAT | File::EXCL | (defined?(File::NOFOLLOW) ? File::NOFOLLOW : 0)
     # Random names tried before giving up: one is taken only if someone
@@ -36,8 +43,10 @@ module Strobe
 
     # Yields a binary IO on a new temporary file, then renames it to path (a
     # String or anything with #to_path). Returns path as a String.
-    def write(path)
+    def write(path, &block)
       path = path.respond_to?(:to_path) ? path.to_path : path.to_s
+      return write_in_place(path, &block) if special?(path)
+
       file, temp = create(path)
       done = false
       begin
@@ -49,6 +58,23 @@ module Strobe
       ensure
         discard(file, temp) unless done
       end
+      path
+    end
+
+    # Whether path is a device, FIFO or socket to write in place (see
+    # above); raises for a block device.
+    def special?(path)
+      stat = File.stat(path) # through a symlink
+      raise Errno::EINVAL, "#{path} is a block device" if stat.blockdev?
+      return false unless stat.chardev? || stat.pipe? || stat.socket?
+
+      !File.symlink?(path) || !File.stat(File.dirname(path)).world_writable?
+    rescue Errno::ENOENT, Errno::ENOTDIR, Errno::ELOOP, Errno::EACCES
+      false
+    end
+
+    def write_in_place(path)
+      File.open(path, File::WRONLY, binmode: true) { |file| yield file }
       path
     end
 
