@@ -19,12 +19,11 @@ class TestToggle < Minitest::Test
   end
 
   def signal(name = :USR2)
+    before = Strobe.running? # (the trap may run as soon as kill returns)
     Process.kill(name, Process.pid)
     # The trap handler runs on this thread at its next safe point.
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
-    yield_until = ->(before) { Strobe.running? != before || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline }
-    before = Strobe.running?
-    sleep 0.01 until yield_until.call(before)
+    sleep 0.01 until Strobe.running? != before || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
   end
 
   # Each start and each stop says so in a line on stderr, the stop naming
@@ -52,6 +51,24 @@ class TestToggle < Minitest::Test
     assert Strobe.toggle_off
     refute Strobe.toggle_off
     assert_equal "DEFAULT", Signal.trap(:USR2, "DEFAULT"), "the signal's previous handler is back"
+  end
+
+  # A profile the toggle did not start (the program's own, a middleware's)
+  # is not its to stop: the signal says so and leaves it running, and the
+  # program's own stop and results still get it.
+  def test_a_profile_someone_else_started_is_left_alone
+    Strobe.toggle_on(:USR2, mode: :custom, path: File.join(@dir, "p.json"))
+    Strobe.start(mode: :custom)
+    Strobe.sample
+    _, err = capture_io do
+      Process.kill(:USR2, Process.pid)
+      sleep 0.01 until $stderr.string.include?("\n") # (capture_io's StringIO)
+    end
+    assert_equal "strobe: on USR2: not stopping: the profile running was not started by USR2\n", err
+    assert Strobe.running?
+    assert Strobe.stop
+    assert_equal 1, Strobe.results[:samples]
+    assert_empty Dir.children(@dir)
   end
 
   def test_a_directory_gets_files_named_by_mode_pid_and_time

@@ -39,6 +39,7 @@ module Strobe
       @path = path
       @stops = 0
       @previous = nil
+      @round = nil # Native.round of the profile this toggle started
     end
 
     # Traps the signal; returns self. Raises ArgumentError for a signal
@@ -53,12 +54,19 @@ module Strobe
       Signal.trap(@signal, @previous || "DEFAULT")
     end
 
-    # Starts profiling, or stops it and saves the profile.
+    # Starts profiling, or stops the profile it started and saves it. A
+    # profile someone else started (the application's own Strobe.start, a
+    # middleware's) is left running, and theirs.
     def flip
       if Strobe.running?
-        Strobe.stop
+        unless @round && Native.stop_round(@round)
+          return warn_line("not stopping: the profile running was not started by #{@signal}")
+        end
+
+        @round = nil
         warn_line("profiling stopped; #{@options[:on_result] ? 'the result goes to on_result' : save(Strobe.results)}")
       elsif Strobe.start(**@options)
+        @round = Native.round
         warn_line("profiling started (mode #{@mode}); send #{@signal} again to stop")
       else
         warn_line("not starting: another profile is running")
