@@ -64,14 +64,21 @@ module Strobe
       end
     end
 
-    # Adds frames' counts into merged; returns {old id => new id}.
+    # Adds frames' counts into merged; returns {old id => new id}. Two
+    # frames of one result with the same name, file and line (Ruby 3.1's two
+    # <main> frames of `ruby -e`, with no line) stay two: the second of a
+    # result meets the second of another. As one, their totals added up to
+    # more than every sample (199% in a merge of two processes).
     def merge_frames(frames, merged, ids)
       raise ProfileError, "frames is not a Hash" unless frames.is_a?(Hash)
 
+      seen = Hash.new(0)
       frames.to_h do |id, frame|
         raise ProfileError, "frame #{id.inspect[0, 40]} is not a Hash" unless frame.is_a?(Hash)
 
-        key = [frame[:name].to_s, frame[:file].to_s, frame[:line]]
+        base = [frame[:name].to_s, frame[:file].to_s, frame[:line]]
+        nth = (seen[base] += 1)
+        key = nth == 1 ? base : [*base, nth]
         new_id = ids[key] ||= ids.size + 1
         target = merged[new_id] ||= frame.slice(:name, :file, :line, :native).merge(total_samples: 0, samples: 0)
         target[:total_samples] += ProfileFile.count(frame[:total_samples], "total_samples of #{key[0]}")
