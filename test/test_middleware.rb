@@ -666,11 +666,22 @@ class TestMiddleware < Minitest::Test
       built = Rack::Builder.parse_file("config.ru")
       app = built.is_a?(Array) ? built.first : built # Rack 2 also returns options
       250.times { raise "not served" unless Rack::MockRequest.new(app).get("/").body == "ok" }
+      # Who may have a request's own flamegraph: the admin token's holder,
+      # and nobody when no token is set.
+      own = Rack::MockRequest.new(app).get("/?strobe=1", "HTTP_X_ADMIN_TOKEN" => "s3cret").body
+      puts own.include?("<canvas") ? "flamegraph" : own[0, 20]
     RUBY
-    _, err, status = run_command({}, RbConfig.ruby, "-I#{ENV['STROBE_LIB'] || StrobeTestHelpers::LIB}",
-                                 "-I#{StrobeTestHelpers::LIB}", "-e", code, chdir: @dir)
+    lib = ["-I#{ENV['STROBE_LIB'] || StrobeTestHelpers::LIB}", "-I#{StrobeTestHelpers::LIB}"]
+    out, err, status = run_command({ "ADMIN_TOKEN" => nil }, RbConfig.ruby, *lib, "-e", code, chdir: @dir)
     assert status.success?, err
     assert_empty err
+    assert_equal "ok\n", out, "no token set: nobody is let through"
+    Dir.mktmpdir do |other|
+      FileUtils.cp(File.join(@dir, "config.ru"), other)
+      out, err, status = run_command({ "ADMIN_TOKEN" => "s3cret" }, RbConfig.ruby, *lib, "-e", code, chdir: other)
+      assert status.success?, err
+      assert_equal "flamegraph\n", out, "the token's holder gets the request's flamegraph"
+    end
     files = Dir[File.join(@dir, "tmp/strobe/*.json")]
     assert_equal 3, files.size, "after requests 100 and 200, and at exit"
     results = files.map { |f| Strobe.load(f) }
