@@ -251,6 +251,27 @@ class TestFlamegraph < Minitest::Test
     end
   end
 
+  # Past a dozen threads, each is a title and one strip of its running
+  # frame, so that hundreds stay readable; one picked shows its stacks.
+  def test_many_threads_are_strips
+    threads = (1..20).to_a
+    frames = { 1 => { name: "<main>", file: "a.rb", line: 1 }, 2 => { name: "work", file: "a.rb", line: 2 } }
+    raw = threads.flat_map { [2, 1, 2, 3] }
+    result = { version: 1.2, mode: :wall, interval: 1000, samples: 60, gc_samples: 0, missed_samples: 0,
+               frames: frames, raw: raw, raw_lines: raw.map { 0 }, raw_sample_threads: threads.flat_map { |t| [t] * 3 },
+               raw_sample_timestamps: threads.flat_map { |t| [t * 1000, t * 1000 + 1000, t * 1000 + 2000] },
+               threads: threads.to_h { |t| [t, { name: "worker #{t}", samples: 3 }] } }
+    Dir.mktmpdir do |dir|
+      page = File.join(dir, "flame.html")
+      File.write(page, html(result))
+      all = chromium_dom("file://#{page}#view=timeline")
+      assert_equal %w[20 1], [all[/<body[^>]* data-lanes="(\d+)"/, 1], all[/<body[^>]* data-strips="(\d)"/, 1]]
+      assert_operator all[/data-boxes="(\d+)"/, 1].to_i, :>=, 20, "a strip drawn per thread"
+      one = chromium_dom("file://#{page}#view=timeline&thread=#{CGI.escape('worker 7')}")
+      assert_equal %w[1 0], [one[/<body[^>]* data-lanes="(\d+)"/, 1], one[/<body[^>]* data-strips="(\d)"/, 1]]
+    end
+  end
+
   private
 
   def screenshot(dir, url)
