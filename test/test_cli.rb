@@ -204,6 +204,12 @@ class TestCLI < Minitest::Test
       # line is refused rather than writing a text report into a .json file.
       [["run", "-o", path("profile.json"), "ruby"], /-o FILE is where the text report goes; write the profile with --profile/],
       [["run", "-o", path("profile.json.gz"), "ruby"], /--profile .*profile\.json\.gz/],
+      [["run", "-o", path("r.JSON"), "ruby"], /-o FILE is where the text report goes; write the profile with --profile/],
+      # What the program's autorun would refuse, having run the program
+      # unprofiled.
+      [%w[run --mode trace --raw ruby], /\Astrobe: run: --raw is about samples, and mode trace records none/],
+      [%w[run --mode trace --interval 100 ruby], /mode :trace takes no :interval/],
+      [%w[run --mode object --native ruby], /native: true needs mode :wall or :cpu/],
     ].each do |argv, pattern|
       status, out, err = cli(*argv)
       assert_equal 1, status, argv.inspect
@@ -308,6 +314,94 @@ class TestCLI < Minitest::Test
     status, _, err = cli("run", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", "exit! 0")
     assert_equal 1, status
     assert_match(/without writing a profile/, err)
+  end
+
+  # Settings the program's autorun would refuse are refused before it
+  # runs: it used to run unprofiled, and the run then failed for want of
+  # a profile.
+  def test_settings_the_program_would_refuse_are_refused_first
+    [
+      [{}, %w[--mode trace --raw], /\Astrobe: run: --raw is about samples, and mode trace records none/],
+      [{ "STROBE_IGNORE_GC" => "1" }, %w[--mode trace], /\Astrobe: run: STROBE_IGNORE_GC is about samples/],
+      [{ "STROBE_IGNORE_GC" => "perhaps" }, [], /\Astrobe: run: STROBE_IGNORE_GC must be 1 or 0/],
+    ].each do |env, options, pattern|
+      out, err, status = run_command(env, RbConfig.ruby, EXE, "run", *options, "--", RbConfig.ruby, "-e", "puts :ran")
+      assert_equal [1, ""], [status.exitstatus, out], "#{options.inspect}: the program did not run"
+      assert_one_error_line err, pattern
+    end
+    # STROBE_FORMAT is not for strobe run: its profile is Strobe's JSON.
+    _, err, status = run_command({ "STROBE_FORMAT" => "speedscope" }, RbConfig.ruby, EXE, "run", "-m", "custom", "-q",
+                                 "--", RbConfig.ruby, "-e", "Strobe.sample")
+    assert status.success?, err
+    assert_equal 1, Strobe.load(path("strobe-profile.json"))[:samples]
+  end
+
+  # Strobe's lib directory goes to the program on RUBYLIB (after which
+  # what RUBYLIB held comes), the profile's directory in STROBE_OUT_DIR:
+  # spaces in them, and in the working directory, are fine.
+  def test_spaces_in_the_paths
+    install = path("Strobe Install")
+    FileUtils.mkdir_p(install)
+    FileUtils.cp_r([File.join(ROOT, "lib"), File.join(ROOT, "exe")], install)
+    project = path("My Project")
+    extra = path("extra lib")
+    FileUtils.mkdir_p([project, extra])
+    File.write(File.join(extra, "extra_lib.rb"), "EXTRA = :loaded\n")
+    program = "require 'extra_lib'; p EXTRA; 3.times { Strobe.sample }"
+    out, err, status = run_command({ "RUBYLIB" => extra }, RbConfig.ruby, File.join(install, "exe", "strobe"), "run",
+                                   "--mode", "custom", "--", RbConfig.ruby, "-e", program, chdir: project)
+    assert status.success?, err
+    assert_equal ":loaded\n", out
+    profile = File.join(File.realpath(project), "strobe-profile.json")
+    assert_equal "strobe: profile written to #{profile}\n", err.lines.first
+    assert_match(/^  Samples: 3 /, err)
+    assert_equal 3, Strobe.load(profile)[:samples]
+  end
+
+  # RUBYLIB separates directories with ':': Strobe's own cannot have one.
+  def test_a_colon_in_strobes_directory
+    install = path("strobe:1")
+    FileUtils.mkdir_p(install)
+    FileUtils.cp_r([File.join(ROOT, "lib"), File.join(ROOT, "exe")], install)
+    %w[run serve].each do |command|
+      out, err, status = run_command({}, RbConfig.ruby, File.join(install, "exe", "strobe"), command, "--",
+                                     RbConfig.ruby, "-e", "puts :ran")
+      assert_equal [1, ""], [status.exitstatus, out], command
+      assert_one_error_line err, /\Astrobe: cannot #{command} with a ':' in Strobe's directory \(#{Regexp.escape(install)}\/lib\)/
+    end
+  end
+
+  # A profile named .gz is gzipped, as Strobe.save writes such a name; any
+  # other name is Strobe's JSON, as Strobe.save writes it.
+  def test_a_profile_named_gz_is_gzipped
+    %w[p.json.gz p.prof].each do |name|
+      status, _, err = cli("run", "--mode", "custom", "--profile", path(name), "--", RbConfig.ruby, "-e",
+                           "2.times { Strobe.sample }")
+      assert_equal 0, status, err
+      assert_match(/^  Samples: 2 /, err)
+      assert_equal 2, Strobe.load(path(name))[:samples]
+    end
+    assert_equal "\x1f\x8b".b, File.binread(path("p.json.gz"), 2)
+    assert_equal "{", File.read(path("p.prof"), 1)
+
+    # several processes: their merge is gzipped too
+    parent = "Strobe.sample; system(RbConfig.ruby, '-e', 'Strobe.sample') || exit(4)"
+    status, _, err = cli("run", "--mode", "custom", "--profile", path("m.json.gz"), "--", RbConfig.ruby, "-e", parent)
+    assert_equal 0, status, err
+    assert_equal "\x1f\x8b".b, File.binread(path("m.json.gz"), 2)
+    assert_equal 2, Strobe.load(path("m.json.gz"))[:samples]
+  end
+
+  # With several processes, the one to report on first is the one with
+  # the most samples (the first to finish may have none).
+  def test_several_processes_name_the_one_with_the_most_samples
+    parent = "system(RbConfig.ruby, '-e', '0') || exit(4); 3.times { Strobe.sample }; puts $$"
+    out, err, status = run_command({}, RbConfig.ruby, EXE, "run", "--mode", "custom", "--profile", path("p.json"), "--",
+                                   RbConfig.ruby, "-e", parent)
+    assert status.success?, err
+    assert_equal 3, Strobe.load(path("p.#{out.to_i}.json"))[:samples]
+    assert_equal "strobe: report on one with: strobe report #{path("p.#{out.to_i}.json")}\n",
+                 err.lines.grep(/report on one/).first
   end
 
   # A Ruby program that runs others (rake test, a script): every Ruby
@@ -638,6 +732,26 @@ class TestCLIReport < Minitest::Test
     assert_match(/Samples: 20 /, out)
   end
 
+  # Two frames of one profile with the same name, file and line (here two
+  # <main> frames without a line, nested) stay two in a merge: no total
+  # comes to more than every sample.
+  def test_a_merge_keeps_frames_that_share_a_name_apart
+    frames = { 1 => { name: "<main>", file: "-e", total_samples: 4, samples: 0, edges: { 2 => 4 } },
+               2 => { name: "<main>", file: "-e", total_samples: 4, samples: 1, edges: { 3 => 3 } },
+               3 => { name: "Object#work", file: "-e", line: 1, total_samples: 3, samples: 3 } }
+    raw = [2, 1, 2, 1, 3, 1, 2, 3, 3]
+    result = { version: 1.2, mode: :custom, interval: nil, samples: 4, gc_samples: 0, missed_samples: 0, frames: frames,
+               raw: raw, raw_lines: raw.map { 0 } }
+    merged = Strobe::Merge.results([result, result])
+    assert_equal [8, 8, 6], merged[:frames].values.map { |f| f[:total_samples] }
+    Strobe.save(result, path("e.json"))
+    status, out, err = cli("report", path("e.json"), path("e.json"))
+    assert_equal [0, ""], [status, err]
+    mains = out.lines.grep(/<main>$/)
+    assert_equal 2, mains.size
+    mains.each { |row| assert_match(/\A\s+8 \(100\.0%\)/, row) }
+  end
+
   def test_files_of_different_modes_are_not_merged
     Strobe.save(raw_profile, path("a.json"))
     Strobe.save(raw_profile(mode: :wall), path("b.json"))
@@ -717,16 +831,109 @@ class TestCLIReport < Minitest::Test
     assert_one_error_line err, /raw is truncated|raw/
   end
 
+  # A profile whose --json (and text report) is some 500 KB: more than a
+  # pipe or an IO's buffer holds.
+  def big_profile
+    frames = (1..4000).to_h do |i|
+      [i, { name: "Object#method_#{i}", file: "app/models/file_#{i}.rb", line: i, total_samples: 1, samples: 1 }]
+    end
+    fixture.merge(samples: 4000, gc_samples: 0, frames: frames)
+  end
+
   # `strobe report FILE | head -1`: the reader going away is not an error.
   def test_a_closed_pipe_ends_the_report_quietly
-    Strobe.save(raw_profile, path("p.json"))
+    Strobe.save(big_profile, path("p.json"))
     reader, writer = IO.pipe
-    reader.close
+    head = Thread.new do
+      reader.read(100)
+      reader.close
+    end
     err = StringIO.new
     status = Strobe::CLI.new(["report", path("p.json"), "--json"], out: writer, err: err).run
     assert_equal [0, ""], [status, err.string]
+    assert head.join(60), "the reader read"
   ensure
     writer&.close
+  end
+
+  # exe/strobe with its standard output to out (a path, :close, an IO),
+  # killed after 120 s (a safeguard against a hang): [stderr, status].
+  def strobe_writing_to(out, *args)
+    err = path("stderr-#{rand(1 << 30)}")
+    pid = Process.spawn(RbConfig.ruby, EXE, *args, in: File::NULL, out: out, err: err, pgroup: true)
+    waiter = Process.detach(pid)
+    unless waiter.join(120)
+      Process.kill(:KILL, -pid)
+      waiter.join
+      flunk "strobe #{args.join(' ')} did not finish within 120 s"
+    end
+    [File.read(err), waiter.value]
+  end
+
+  # Output that cannot be written is one line and status 1: a full disk
+  # (what Ruby held in its buffer failed unseen at exit, with status 0; a
+  # larger output failed with Errno::ENOSPC's class and a hint at
+  # STROBE_DEBUG), or a standard output closed at start (`>&-`). A reader
+  # that goes away after it started reading (`| head`) is still no error.
+  def test_output_that_cannot_be_written
+    Strobe.save(fixture, path("small.json"))
+    Strobe.save(big_profile, path("big.json"))
+    [["small.json"], ["big.json", "--json"]].each do |args|
+      err, status = strobe_writing_to("/dev/full", "report", *args.map { |a| a.end_with?(".json") ? path(a) : a })
+      assert_equal 1, status.exitstatus, args.inspect
+      assert_equal "strobe: cannot write the report: No space left on device\n", err, args.inspect
+    end
+    err, status = strobe_writing_to(:close, "report", path("small.json"))
+    assert_equal [1, "strobe: cannot write the report: nothing reads standard output (it is closed)\n"],
+                 [status.exitstatus, err]
+    err, status = strobe_writing_to("/dev/full", "--help")
+    assert_equal [1, "strobe: cannot write the output: No space left on device\n"], [status.exitstatus, err]
+
+    reader, writer = IO.pipe
+    head = Thread.new do
+      first = reader.read(100)
+      reader.close
+      first
+    end
+    err, status = strobe_writing_to(writer, "report", path("big.json"), "--json")
+    assert_equal [0, ""], [status.exitstatus, err]
+    assert_equal '{"version":1.2', head.value[0, 14]
+  ensure
+    writer&.close
+  end
+
+  # The exports, flamegraph and folded stacks of a trace: it records no
+  # samples, which profiling with raw samples would not change.
+  def test_what_needs_samples_of_a_trace
+    trace = Strobe.run(mode: :trace) { 3.times { [1].map(&:to_s) } }
+    Strobe.save(trace, path("t.json"))
+    [%w[--flamegraph], %w[--firefox], %w[--speedscope], %w[--stackcollapse], %w[--pprof -o x.pb.gz],
+     %w[--sampling-prof], %w[--thread main]].each do |options|
+      status, out, err = cli("report", path("t.json"), *options)
+      assert_equal [1, ""], [status, out], options.inspect
+      assert_one_error_line err, /needs samples, and mode trace records none: it counts calls and times \(the text, /
+      refute_match(/--raw|raw: true/, err)
+    end
+    status, out, = cli("report", path("t.json"), "--callgrind")
+    assert_equal 0, status
+    assert_match(/^events: /, out)
+  end
+
+  # What `strobe report --json` writes (stackprof's layout, thread ids as
+  # JSON's string keys) makes every format, as Strobe's own files do.
+  def test_a_profile_written_by_report_json_makes_every_format
+    result = Strobe.run(mode: :custom, raw: true) do
+      Thread.new { 2.times { Strobe.sample } }.join
+      3.times { Strobe.sample }
+    end
+    Strobe.save(result, path("p.json"))
+    assert_equal [0, "", ""], cli("report", path("p.json"), "--json", "-o", path("s.json"))
+    %w[--flamegraph --firefox --speedscope --pprof --stackcollapse --sampling-prof].each do |format|
+      status, _, err = cli("report", path("s.json"), format, "-o", path("out"))
+      assert_equal [0, ""], [status, err], format
+    end
+    assert_equal cli("report", path("p.json"), "--stackcollapse"), cli("report", path("s.json"), "--stackcollapse")
+    assert_equal cli("report", path("p.json"), "--thread", "main"), cli("report", path("s.json"), "--thread", "main")
   end
 
   def test_walk_goes_from_a_method_to_its_callees_and_callers

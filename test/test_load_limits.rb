@@ -71,10 +71,10 @@ class TestLoadLimits < Minitest::Test
   # [stderr, status]. Killed after timeout seconds (a guard against a hang,
   # not a timing check). On the plain build, without the sanitizer runtime
   # `rake test:asan` preloads: that reserves terabytes of address space.
-  def run_limited(*command, limit: CHILD_LIMIT, out: File::NULL, timeout: 300)
+  def run_limited(*command, limit: CHILD_LIMIT, out: File::NULL, input: File::NULL, timeout: 300)
     err = path("stderr-#{rand(1 << 30)}")
     env = { "LD_PRELOAD" => nil, "ASAN_OPTIONS" => nil, "UBSAN_OPTIONS" => nil, "STROBE_LIB" => nil }
-    pid = Process.spawn(env, *command, in: File::NULL, out: out, err: err, rlimit_as: limit, pgroup: true)
+    pid = Process.spawn(env, *command, in: input, out: out, err: err, rlimit_as: limit, pgroup: true)
     waiter = Process.detach(pid)
     unless waiter.join(timeout)
       Process.kill(:KILL, -pid)
@@ -285,6 +285,50 @@ class TestLoadLimits < Minitest::Test
     # Under the floor, a file may be as repetitive as it likes.
     File.binwrite(path("small.json.gz"), Zlib.gzip(json.sub("{", "{" + " " * (30 << 20)), level: 9))
     assert_equal 4, Strobe.load(path("small.json.gz"))[:samples]
+  end
+
+  # --- input without end ------------------------------------------------------------
+
+  # Room for the limit on a profile's size (1 GB, read once) and Ruby.
+  ENDLESS_LIMIT = 2 << 30
+
+  # /dev/zero, or a pipe that never ends: read up to the most a profile may
+  # be, then refused in one line. They were read until memory ran out.
+  def test_input_without_end_is_read_to_the_limit
+    err, status = run_limited(*strobe_command("report", "/dev/zero"), limit: ENDLESS_LIMIT)
+    assert_one_line(err, status, %r{\Astrobe: cannot read profile /dev/zero: larger than 1024 MB, the most a profile may be$})
+
+    reader, writer = IO.pipe
+    # (It writes until the pipe's reader has gone, and is killed after.)
+    yes = Process.spawn(RbConfig.ruby, "-e", "chunk = %(y\n) * 32_768; $stdout.write(chunk) while true",
+                        out: writer, err: File::NULL)
+    writer.close
+    err, status = run_limited(*strobe_command("report", "/dev/stdin"), limit: ENDLESS_LIMIT, input: reader)
+    assert_one_line(err, status, %r{\Astrobe: cannot read profile /dev/stdin: larger than 1024 MB, the most a profile may be$})
+  ensure
+    reader&.close
+    if yes
+      Process.kill(:KILL, yes)
+      Process.wait(yes)
+    end
+  end
+
+  # A profile through a pipe is read once (--marshal looks at its first
+  # bytes for its warning, and no longer takes them from the pipe). Its
+  # size unknown, the read reserves room for the most a profile may be
+  # (address space, not memory: untouched but for what comes).
+  def test_a_profile_through_a_pipe
+    json = JSON.generate(chain_doc(depth: 3, samples: 4))
+    reader, writer = IO.pipe
+    writer.write(json)
+    writer.close
+    out = path("out")
+    err, status = run_limited(*strobe_command("report", "--marshal", "/dev/stdin"), limit: ENDLESS_LIMIT, input: reader,
+                                                                                       out: out)
+    assert_equal ["", 0], [err, status.exitstatus]
+    assert_match(/Samples: 4 /, File.read(out))
+  ensure
+    reader&.close
   end
 
   # --- raw arrays taken as they are ----------------------------------------------

@@ -106,6 +106,52 @@ class TestProfileFile < Minitest::Test
     assert_equal result[:raw], loaded[:raw]
   end
 
+  # A Strobe result written as stackprof-layout JSON (`strobe report
+  # --json`, JSON.generate of it) loads as Strobe's own files do: the
+  # Integer keys JSON turned into strings (threads, a trace's per-thread
+  # frames, call_times) come back as Integers, and the exports of its
+  # threads work.
+  def test_loads_a_strobe_result_saved_as_json
+    result = Strobe.run(mode: :custom, raw: true) do
+      Thread.new { 2.times { Strobe.sample } }.join
+      3.times { Strobe.sample }
+    end
+    loaded = Strobe::ProfileFile.parse(JSON.generate(result), "s.json")
+    assert_equal result[:threads], loaded[:threads]
+    assert_equal 2, loaded[:threads].size
+    assert_equal result[:raw_sample_threads], loaded[:raw_sample_threads]
+    report = Strobe::Report.new(loaded)
+    %i[print_flamegraph print_firefox print_speedscope print_pprof].each do |export|
+      io = StringIO.new
+      report.public_send(export, io)
+      assert_operator io.string.bytesize, :>, 0, export
+    end
+    thread = loaded[:threads].find { |_, info| !info[:main] }.first
+    assert_equal 2, Strobe::Report.new(loaded, thread: thread).samples
+
+    trace = Strobe.run(mode: :trace) { Thread.new { Work.run(3) }.join }
+    loaded = Strobe::ProfileFile.parse(JSON.generate(trace), "t.json")
+    assert_equal trace[:threads], loaded[:threads]
+    assert_equal trace[:frames], loaded[:frames]
+    assert(loaded[:frames].values.any? { |f| f[:call_times] }, "a frame with call times")
+    texts = [trace, loaded].map { |r| StringIO.new.tap { |io| Strobe::Report.new(r).print_text(io) }.string }
+    assert_equal texts.first, texts.last
+
+    error = assert_raises(Strobe::ProfileError) do
+      Strobe::ProfileFile.parse(JSON.generate(result.merge(threads: { 1 => [] })), "bad.json")
+    end
+    assert_match(/\Abad\.json: thread 1 is malformed\z/, error.message)
+  end
+
+  # A regular file larger than a profile may be is refused unread (this
+  # one is sparse: it takes no room).
+  def test_a_file_larger_than_a_profile_may_be
+    path = File.join(@dir, "huge.json")
+    File.open(path, "w") { |file| file.truncate(Strobe::ProfileFile::MAX_INFLATED + 1) }
+    error = assert_raises(Strobe::ProfileError) { Strobe.load(path) }
+    assert_equal "#{path}: larger than 1024 MB, the most a profile may be", error.message
+  end
+
   def test_saves_a_stackprof_result_compactly
     result = StackProf.run(mode: :custom, raw: true) { 3.times { StackProf.sample } }
     path = File.join(@dir, "p.json")

@@ -43,8 +43,6 @@ module Strobe
   # Reads the STROBE_* environment and profiles the current process.
   class Autorun
     DEFAULT_OUT = "strobe-profile.json"
-    TRUE_VALUES = %w[1 true yes on].freeze
-    FALSE_VALUES = ["", "0", "false", "no", "off"].freeze
 
     def initialize(env = ENV, err: $stderr)
       @env = env
@@ -218,11 +216,7 @@ module Strobe
     end
 
     def flag(name)
-      value = @env[name].to_s.strip.downcase
-      return true if TRUE_VALUES.include?(value)
-      return false if FALSE_VALUES.include?(value)
-
-      raise ArgumentError, "#{name} must be 1 or 0 (or true/false), got #{@env[name].inspect}"
+      Options.env_flag(name, @env[name])
     end
 
     def integer(name, value)

@@ -8,6 +8,7 @@ require "fileutils"
 require "optparse"
 require "pp"
 require "securerandom"
+require "zlib"
 require_relative "version"
 require_relative "options"
 require_relative "report"
@@ -37,7 +38,6 @@ module Strobe
 
     DEFAULT_PROFILE = "strobe-profile.json"
     LIB_DIR = File.expand_path("..", __dir__)
-    AUTORUN = File.expand_path("autorun.rb", __dir__)
     MODES = Options::MODES.map(&:to_s).freeze
 
     # A command line that cannot be carried out; its message is shown as is.
@@ -52,7 +52,7 @@ module Strobe
 
     # Runs the command line and returns the exit status.
     def run
-      catch(:exit) { dispatch(@argv.dup) }
+      flushed(catch(:exit) { dispatch(@argv.dup) })
     rescue OptionParser::ParseError => e
       error "#{e.message} (see strobe #{"#{@command} " if @command}--help)"
     rescue UsageError => e
@@ -70,6 +70,18 @@ module Strobe
     end
 
     private
+
+    # status, once what is still buffered of the output is written: a full
+    # disk or a closed standard output is an error line, not an exit 0 with
+    # nothing written. (After a failure, said already, what it left is not.)
+    def flushed(status)
+      @out.flush if status.zero? && @out.respond_to?(:flush)
+      status
+    rescue Errno::EPIPE
+      raise
+    rescue SystemCallError, IOError => e
+      error "cannot write the output: #{system_reason(e)}"
+    end
 
     def dispatch(args)
       command = args.shift
@@ -108,22 +120,16 @@ module Strobe
       end
     end
 
-    # The profile in file, called name in messages (a downloaded one, its URL).
+    # The profile in file, called name in messages (a downloaded one, its
+    # URL): what Strobe.load does, the file read once (it may be a pipe).
     def read_profile(file, name, marshal)
-      @err.puts "strobe: warning: loading #{name} with Marshal, which can run code from the file" if marshal && marshal_file?(file)
-      result = if file == name
-                 Strobe.load(file, marshal: marshal)
-               else
-                 ProfileFile.parse(File.binread(file), name, marshal: marshal) # what Strobe.load does, named name
-               end
+      bytes = ProfileFile.read_bytes(file, name)
+      if marshal && bytes.start_with?(ProfileFile::MARSHAL_MAGIC)
+        @err.puts "strobe: warning: loading #{name} with Marshal, which can run code from the file"
+      end
+      result = ProfileFile.parse(bytes, name, marshal: marshal)
       Report.new(result) # checks the shape
       result
-    end
-
-    def marshal_file?(path)
-      File.open(path, "rb") { |f| f.read(2) } == ProfileFile::MARSHAL_MAGIC
-    rescue SystemCallError
-      false
     end
 
     # Why a profile could not be read, without repeating its path.
@@ -177,9 +183,18 @@ module Strobe
       parser.on("-v", "--version", "Show Strobe's version") { throw :exit, version }
     end
 
-    # RUBYOPT loading Strobe's autorun into every Ruby process.
+    # The environment loading Strobe's autorun into every Ruby process:
+    # Strobe's lib directory first on RUBYLIB (':'-separated, so a space in
+    # it is fine, where RUBYOPT splits at spaces), and RUBYOPT requiring
+    # strobe/autorun from there.
     def ruby_env
-      { "RUBYOPT" => [ENV["RUBYOPT"], "-I#{LIB_DIR}", "-r#{AUTORUN}"].compact.reject(&:empty?).join(" ") }
+      if LIB_DIR.include?(File::PATH_SEPARATOR)
+        raise UsageError, "cannot #{@command} with a '#{File::PATH_SEPARATOR}' in Strobe's directory (#{LIB_DIR}): " \
+                          "RUBYLIB, which carries it to the command, separates directories with it"
+      end
+
+      { "RUBYLIB" => [LIB_DIR, ENV["RUBYLIB"]].compact.reject(&:empty?).join(File::PATH_SEPARATOR),
+        "RUBYOPT" => [ENV["RUBYOPT"], "-rstrobe/autorun"].compact.reject(&:empty?).join(" ") }
     end
 
     def help(command)

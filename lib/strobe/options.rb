@@ -70,6 +70,21 @@ module Strobe
       @native = parse_native(opts.fetch(:native, false))
     end
 
+    # The values of a flag in the environment (STROBE_RAW, STROBE_IGNORE_GC,
+    # ...); unset is false.
+    TRUE_VALUES = %w[1 true yes on].freeze
+    FALSE_VALUES = ["", "0", "false", "no", "off"].freeze
+
+    # value, the setting of the environment variable name, as true or false;
+    # ArgumentError naming it for anything else.
+    def self.env_flag(name, value)
+      normalized = value.to_s.strip.downcase
+      return true if TRUE_VALUES.include?(normalized)
+      return false if FALSE_VALUES.include?(normalized)
+
+      raise ArgumentError, "#{name} must be 1 or 0 (or true/false), got #{value.inspect}"
+    end
+
     def trace?
       @mode == :trace
     end

@@ -93,6 +93,10 @@ module Strobe
         return io
       end
 
+      if format != :json && result[:mode].to_s == "trace"
+        raise ArgumentError, "format #{format.inspect} is built from samples, and mode trace records none: it writes :json"
+      end
+
       case format
       when :json then io.write(JSON.generate(encode(result)))
       when :sampling_prof
@@ -129,10 +133,35 @@ module Strobe
     # marshal: true also loads a Marshal dump (what stackprof writes); only
     # for files one trusts, since loading Marshal data can run code.
     def read(path, marshal: false)
-      bytes = File.binread(path)
-      parse(bytes, path.to_s, marshal: marshal)
+      parse(read_bytes(path), path.to_s, marshal: marshal)
     rescue SystemCallError => e
       raise ProfileError, "#{path}: #{e.message.sub(/ @ \w+ - .*\z/, '')}"
+    end
+
+    # The bytes of the file at path, but no more than MAX_INFLATED, the most
+    # a profile may be gunzipped: a larger file raises ProfileError (named
+    # name), and so does a stream without end (/dev/zero, `<(yes)`), once
+    # that much has come. A regular file's size is known: it is read whole
+    # (refused unread when it is larger); anything else in one read of at
+    # most the limit and a byte, so that no more is ever held.
+    def read_bytes(path, name = path.to_s)
+      File.open(path, "rb") do |file|
+        stat = file.stat
+        raise Errno::EISDIR if stat.directory?
+
+        too_large = "#{name}: larger than #{MAX_INFLATED >> 20} MB, the most a profile may be"
+        known = stat.size if stat.file? && stat.size.positive? # (files in /proc say 0)
+        raise ProfileError, too_large if known.to_i > MAX_INFLATED
+
+        bytes = file.read((known || MAX_INFLATED) + 1) || "".b
+        if known && bytes.bytesize > known # it grows as it is read: on to the limit
+          rest = file.read(MAX_INFLATED + 1 - bytes.bytesize)
+          bytes << rest if rest
+        end
+        raise ProfileError, too_large if bytes.bytesize > MAX_INFLATED
+
+        bytes
+      end
     end
 
     # Parses the bytes of a profile file. name is used in error messages.
@@ -416,11 +445,34 @@ module Strobe
 
         edges = frame[:edges]&.map { |callee, n| [integer_key(callee), n] }
         lines = frame[:lines]&.map { |line, pair| [integer_key(line), *(pair.is_a?(Array) ? pair.first(2) : [pair, pair])] }
-        decode_frame(frame.merge(id: id.to_s.to_i, edges: edges, lines: lines).compact, name)
+        call_times = frame[:call_times]&.map { |callee, time| [integer_key(callee), time] }
+        decode_frame(frame.merge(id: id.to_s.to_i, edges: edges, lines: lines, call_times: call_times).compact, name)
       end
+      result[:threads] = decode_stackprof_threads(doc[:threads], name) if doc.key?(:threads)
       # Markers are Strobe's own file form (decode); stackprof has none.
       (doc.keys - result.keys - %i[markers dropped_markers]).each { |key| result[key] = doc[key] }
       check_raw_counts(result, name, stored)
+    end
+
+    # The threads of a result saved as JSON (`strobe report --json`, or
+    # JSON.generate of a result): {"id" => info} as Strobe's own files have
+    # them, {id => info}, keys Integers again (a trace's per-thread frames'
+    # too).
+    def decode_stackprof_threads(threads, name)
+      raise ProfileError, "#{name}: threads is not an object" unless threads.is_a?(Hash)
+
+      threads.to_h do |id, info|
+        unless info.is_a?(Hash) && (info[:frames].nil? || info[:frames].is_a?(Hash))
+          raise ProfileError, "#{name}: thread #{id.to_s[0, 40]} is malformed"
+        end
+
+        frames = info[:frames]&.map do |fid, f|
+          raise ProfileError, "#{name}: thread #{id.to_s[0, 40]} has a malformed frame" unless f.is_a?(Hash)
+
+          [integer_key(fid), f[:calls], f[:total_time], f[:self_time]]
+        end
+        decode_thread(info.merge(id: integer_key(id), frames: frames).compact, name)
+      end
     end
 
     # A raw array taken from a file as it is (a stackprof result, or a

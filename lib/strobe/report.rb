@@ -256,6 +256,7 @@ module Strobe
 
     # SamplingProf's text format (see Strobe::SamplingProf); needs raw data.
     def print_sampling_prof(io = $stdout)
+      Report.refuse_trace(@result, "the SamplingProf format")
       require_relative "sampling_prof"
       SamplingProf.write(@result, io)
     end
@@ -277,6 +278,7 @@ module Strobe
     # inferno or speedscope; needs raw data. Handed to io in chunks as they
     # are written: deep stacks make far more of them than the profile holds.
     def print_stackcollapse(io = $stdout)
+      Report.refuse_trace(@result, "the folded stacks format")
       Native.report_folded(@result, kept_ids, io)
     end
 
@@ -284,6 +286,7 @@ module Strobe
     # Grafana): a sample per distinct stack and thread, with its count and
     # time (or allocations), labelled with its thread. Needs raw data.
     def print_pprof(io = $stdout)
+      Report.refuse_trace(@result, "pprof output")
       require "zlib"
       Zlib::GzipWriter.wrap(ProfileFile::KeepOpen.new(io)) { |gz| Native.export_pprof(@result, kept_ids, gz) }
       io
@@ -292,12 +295,14 @@ module Strobe
     # The Firefox Profiler's processed-profile JSON: a track per thread,
     # samples at their times, GC in a category of its own. Needs raw data.
     def print_firefox(io = $stdout)
+      Report.refuse_trace(@result, "Firefox Profiler output")
       Native.export_firefox(@result, kept_ids, io)
     end
 
     # speedscope's JSON file format: a sampled profile per thread, in time
     # order. Needs raw data.
     def print_speedscope(io = $stdout)
+      Report.refuse_trace(@result, "speedscope output")
       Native.export_speedscope(@result, kept_ids, io)
     end
 
@@ -320,12 +325,14 @@ module Strobe
     # The stack tree of the raw samples, after the filters (see
     # Native.report_tree).
     def stack_tree
+      Report.refuse_trace(@result, "this report")
       Native.report_tree(@result, kept_ids)
     end
 
     # The stack tree and the threads' lanes of the HTML flamegraph, after
     # the filters (see Native.flamegraph_data, ext/strobe/flamegraph.c).
     def flamegraph_data
+      Report.refuse_trace(@result, "a flamegraph")
       Native.flamegraph_data(@result, kept_ids)
     end
 

@@ -181,6 +181,15 @@ module Strobe
         0
       end
 
+      # Whether io is a pipe that nobody reads: what Ruby puts in place of a
+      # standard output closed at start (`>&-`), where writes fail as they do
+      # once `| head` has read enough (EPIPE), which ends the report quietly.
+      # The writing end of a pipe shows as readable only then (select counts
+      # the error).
+      def unread_pipe?(io)
+        io.is_a?(IO) && io.stat.pipe? && !IO.select([io], nil, nil, 0).nil?
+      end
+
       # "/re/" is a Regexp; anything else an exact name.
       def method_pattern(name)
         return name unless name.length > 2 && name.start_with?("/") && name.end_with?("/")
@@ -193,10 +202,18 @@ module Strobe
       # Yields stream (standard output), or a file written whole by AtomicFile
       # (as Strobe.save writes profiles: a failed report leaves no half file,
       # and no symlink is written through), returning the block's status; a
-      # file that cannot be written is one error line. Errors writing the
-      # stream (a closed pipe) are left to #run.
+      # file or stream that cannot be written (a full disk, a closed standard
+      # output) is one error line. The stream is flushed before the status
+      # is returned: what stays buffered would fail unseen at exit. A closed
+      # pipe (`| head`) is left to #run, which ends quietly.
       def write_report(path, stream = @out)
-        return yield(stream) unless path
+        unless path
+          return error("cannot write the report: nothing reads standard output (it is closed)") if unread_pipe?(stream)
+
+          status = yield(stream)
+          stream.flush if stream.respond_to?(:flush)
+          return status
+        end
 
         begin
           status = nil
@@ -205,6 +222,10 @@ module Strobe
         rescue SystemCallError => e
           error "cannot write #{path}: #{system_reason(e)}"
         end
+      rescue Errno::EPIPE
+        raise
+      rescue SystemCallError, IOError => e
+        error "cannot write the report: #{system_reason(e)}"
       end
     end
   end

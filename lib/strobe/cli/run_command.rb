@@ -46,7 +46,8 @@ module Strobe
           sampling_options(parser, settings)
           parser.on("--[no-]raw", "Keep the raw samples in the profile, for flamegraphs, timelines and the exports " \
                                   "(the default, except in mode trace)") { |raw| settings[:raw] = raw }
-          parser.on("--profile FILE", "Where to write the profile (default: #{DEFAULT_PROFILE} in the current directory)") do |file|
+          parser.on("--profile FILE", "Where to write the profile (default: #{DEFAULT_PROFILE} in the current directory; " \
+                                      "gzipped when FILE ends in .gz)") do |file|
             settings[:profile] = file
           end
           parser.on("-o", "--out FILE", "Write the report to FILE instead of standard error") { |file| settings[:out] = file }
@@ -64,21 +65,25 @@ module Strobe
         end
         raise UsageError, "run: --quiet writes no report, and -o FILE asks for one: give one of them" if report && settings[:quiet]
         raise UsageError, "run: -o and --profile name the same file (#{profile})" if report == profile
-        if report&.match?(/\.json(\.gz)?\z/)
+        if report&.match?(/\.json(\.gz)?\z/i)
           raise UsageError, "run: -o FILE is where the text report goes; write the profile with --profile #{settings[:out]}"
         end
 
+        throw :exit, 1 if settings[:native] && !require_engine # Options checks that it has libunwind
         begin
-          # The profiler's own checks of the interval and of the profile's path.
-          Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native], out: profile)
+          # What the profiled program's autorun checks (the options from here
+          # and STROBE_IGNORE_GC from the environment), and the profile's path.
+          ignore_gc = Options.env_flag("STROBE_IGNORE_GC", ENV["STROBE_IGNORE_GC"])
+          if settings[:mode] == "trace" && (settings[:raw] || ignore_gc)
+            raise ArgumentError, "#{settings[:raw] ? '--raw' : 'STROBE_IGNORE_GC'} is about samples, and mode trace " \
+                                 "records none (it counts calls and times): leave it out"
+          end
+          Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native],
+                      raw: raw?(settings), ignore_gc: ignore_gc, out: profile)
         rescue ArgumentError => e
           raise UsageError, "run: #{e.message.sub(/\Aout path/, 'profile path')}"
         end
         check_report_path(report) if report
-        if [LIB_DIR, profile].any? { |path| path.match?(/\s/) }
-          raise UsageError, "cannot run with a space in Strobe's directory (#{LIB_DIR}) or in the profile path " \
-                            "(#{profile}): RUBYOPT and the environment cannot carry it"
-        end
       end
 
       # The report's file must be writable before the command runs, as the
@@ -118,6 +123,7 @@ module Strobe
           "STROBE_INTERVAL" => settings[:interval]&.to_s,
           "STROBE_RAW" => raw?(settings) ? "1" : "0",
           "STROBE_NATIVE" => settings[:native] ? "1" : "0",
+          "STROBE_FORMAT" => nil, # the profile is Strobe's own JSON, whatever the environment says
           "STROBE_OUT" => nil,
           "STROBE_OUT_DIR" => dir,
           "STROBE_SIGNAL" => nil,
@@ -167,8 +173,19 @@ module Strobe
         report_status.zero? ? child_status : report_status
       end
 
+      # The process wrote its profile as JSON: renamed into place, or for a
+      # name ending in .gz gzipped into place (as Strobe.save writes such a
+      # name).
       def keep_one(file, profile, quiet)
-        File.rename(file, profile)
+        if profile.end_with?(".gz")
+          AtomicFile.write(profile) do |out|
+            gzip = Zlib::GzipWriter.new(out)
+            File.open(file, "rb") { |json| IO.copy_stream(json, gzip) }
+            gzip.finish
+          end
+        else
+          File.rename(file, profile)
+        end
         @err.puts "strobe: profile written to #{profile}" unless quiet
         0
       rescue SystemCallError => e
@@ -196,7 +213,8 @@ module Strobe
           command = Report.printable(result.dig(:metadata, :command).to_s)
           @err.puts format("  %-28s pid %-8s %8d samples  %s", File.basename(path), pid, result[:samples], command)
         end
-        @err.puts "strobe: report on one with: strobe report #{kept.first.last}"
+        busiest = kept.zip(results).max_by { |_, result| result[:samples].to_i }.first.last
+        @err.puts "strobe: report on one with: strobe report #{busiest}"
         0
       rescue ArgumentError, Strobe::ProfileError => e
         error "cannot merge the profiles: #{e.message}"

@@ -25,13 +25,14 @@ module Strobe
                             "#{(MODES - ['trace']).join(', ')})"
         end
 
+        throw :exit, 1 if settings[:native] && !require_engine # Options checks that it has libunwind
         begin
-          Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native])
+          # What the program's autorun checks (STROBE_IGNORE_GC from the environment too).
+          Options.new(mode: settings[:mode], interval: settings[:interval], native: settings[:native], raw: true,
+                      ignore_gc: Options.env_flag("STROBE_IGNORE_GC", ENV["STROBE_IGNORE_GC"]))
         rescue ArgumentError => e
           raise UsageError, "serve: #{e.message}"
         end
-        raise UsageError, "cannot serve with a space in Strobe's directory (#{LIB_DIR})" if LIB_DIR.match?(/\s/)
-
         env = ruby_env.merge("STROBE_MODE" => settings[:mode], "STROBE_INTERVAL" => settings[:interval]&.to_s,
                              "STROBE_NATIVE" => settings[:native] ? "1" : "0",
                              "STROBE_SERVE" => settings[:port].to_s, "STROBE_SIGNAL" => nil, "STROBE_OUT" => nil,

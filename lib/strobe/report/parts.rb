@@ -14,6 +14,7 @@ module Strobe
       # thread_ids), derived (in C) from a result with raw data.
       def thread_result(result, thread)
         ids = thread_ids(result, thread)
+        refuse_trace(result, "a report for one thread")
         unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array)
           raise ArgumentError, "a report for one thread needs per-sample data: profile with raw: true (strobe run --raw)"
         end
@@ -63,11 +64,23 @@ module Strobe
           known = known.empty? ? "none: it was not profiled by Strobe::Middleware" : known.join(", ")
           raise ArgumentError, printable("no request to endpoint #{endpoint.inspect} in this profile (endpoints: #{known})")
         end
+        refuse_trace(result, "a report for one endpoint")
         unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array) && result[:raw_sample_timestamps].is_a?(Array)
           raise ArgumentError, "a report for one endpoint needs per-sample data: profile with raw: true (strobe run --raw)"
         end
 
         Native.windows_subset(result, windows)
+      end
+
+      # For what (a report, an export) that needs the samples: raises
+      # ProfileError when result is a trace, which records none (the
+      # message for a profile without raw data suggests raw: true, which
+      # cannot help there).
+      def refuse_trace(result, what)
+        return unless result[:mode].to_s == "trace"
+
+        raise ProfileError, "#{what} needs samples, and mode trace records none: it counts calls and times " \
+                            "(the text, files, method, graphviz and callgrind reports show them)"
       end
 
       # A request marker's endpoint, as pprof's endpoint label has it.
