@@ -71,6 +71,20 @@ class TestToggle < Minitest::Test
     assert_empty Dir.children(@dir)
   end
 
+  # A stop whose profile cannot be written says the profile is lost.
+  def test_a_profile_that_cannot_be_written_is_said_lost
+    File.write(File.join(@dir, "file"), "")
+    target = File.join(@dir, "file", "p.json") # under a regular file: no directory can be made
+    Strobe.toggle_on(:USR2, mode: :custom, path: target)
+    _, err = capture_io do
+      signal
+      Strobe.sample
+      signal
+    end
+    assert_match(%r{\Astrobe: on USR2: profiling stopped; the profile is lost: it could not be written to #{Regexp.escape(target)} \(.*File exists}, err.lines.last)
+    refute Strobe.running?
+  end
+
   def test_a_directory_gets_files_named_by_mode_pid_and_time
     Strobe.toggle_on("SIGUSR1", mode: :custom, raw: true, format: :sampling_prof, path: "#{@dir}/")
     _, err = capture_io do

@@ -77,14 +77,18 @@ module Strobe
 
     private
 
-    # Writes result; says where.
+    # Writes result; says where, or that it is lost and why.
     def save(result)
       return "nothing was profiled" unless result
 
       @stops += 1
       target = target_path(result)
-      FileUtils.mkdir_p(File.dirname(target))
-      Strobe.save(result, target, format: @format)
+      begin
+        FileUtils.mkdir_p(File.dirname(target))
+        Strobe.save(result, target, format: @format)
+      rescue StandardError => e
+        return "the profile is lost: it could not be written to #{File.expand_path(target)} (#{e.message})"
+      end
       "profile written to #{File.expand_path(target)}"
     end
 
