@@ -15,7 +15,7 @@
  * A capture may be a note instead of a sample (now_us STROBE_CAPTURE_NOTE):
  * a slot with no times, whose stack the drain records as its thread's
  * latest without counting it, for the timer to repeat (an M:N thread's
- * stack as it leaves the GVL, see sampler.c).
+ * stack as it leaves the GVL, see gvlhook.c).
  *
  * Protocol: a producer captures into its thread's scratch buffer. If the
  * stack equals the one in its thread's newest undrained slot, it only
@@ -36,7 +36,9 @@
  * under way has not reached Strobe's mark function yet (it will then mark
  * the interned frames instead); any other slot is counted missed.
  */
-#include "strobe.h"
+#include "capture.h"
+#include "native.h"
+#include "profile.h"
 #include <string.h>
 #include <time.h>
 

@@ -41,15 +41,25 @@
  *     :object) compress far better: 2,995 a byte, 1,000 deep, every sample
  *     on a new stack; such a file past the floor loads once gunzipped.
  */
-#include "strobe.h"
+#include "compact.h"
+#include "results.h"
+#include "sampling.h"
+#include "stack_table.h"
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* How far loading may expand a file's samples (see above): at most
+ * STROBE_EXPAND_PER_NUMBER entries per number the file gives for them and
+ * STROBE_EXPAND_PER_BYTE per byte of the file as stored, or
+ * STROBE_EXPAND_FLOOR whatever the file; more is refused. */
+#define STROBE_EXPAND_FLOOR ((uint64_t)1 << 24)
+#define STROBE_EXPAND_PER_NUMBER 128
+#define STROBE_EXPAND_PER_BYTE 1024
 
-#define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
-
-uint64_t
+/* That limit for numbers numbers in a file of stored bytes (0: not known,
+ * no limit per byte); overflow-checked. */
+static uint64_t
 strobe_expand_limit(uint64_t numbers, uint64_t stored)
 {
     uint64_t limit, per_byte;

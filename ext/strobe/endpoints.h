@@ -8,7 +8,7 @@
  */
 #ifndef STROBE_ENDPOINTS_H
 #define STROBE_ENDPOINTS_H 1
-#include "report.h"
+#include "samples.h"
 
 /* Per sample of s, the position in names (an Array the caller keeps alive,
  * filled here with the endpoints as Strings) of the endpoint its thread

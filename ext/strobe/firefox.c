@@ -20,10 +20,12 @@
  * The profile info panel shows the mode, interval, counts and metadata;
  * each track, its thread's markers (firefox_markers.c).
  *
- * Written as JSON into report.h's out_t (streamed to a sink in chunks).
+ * Written as JSON into out.h's out_t (streamed to a sink in chunks).
  * GVL held; not signal-safe.
  */
 #include "firefox_markers.h"
+#include "export.h"
+#include "sampling.h"
 #include <stdlib.h>
 
 enum { GC_SUB_OTHER, GC_SUB_MARKING, GC_SUB_SWEEPING };

@@ -28,6 +28,7 @@
  * GVL held; nothing here is signal-safe.
  */
 #include "firefox_markers.h"
+#include "markers.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  */
 #ifndef STROBE_FIREFOX_MARKERS_H
 #define STROBE_FIREFOX_MARKERS_H 1
-#include "report.h"
+#include "samples.h"
 
 /* The export's categories, in the order of meta.categories (firefox.c). */
 enum {

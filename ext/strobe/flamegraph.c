@@ -1,6 +1,6 @@
 /*
  * flamegraph.c - the data of the HTML flamegraph (lib/strobe/flamegraph.rb
- * and .html), from a result's raw samples (the stack tree of report.c, the
+ * and .html), from a result's raw samples (the stack tree of tree.c, the
  * samples' times and threads as samples.c reads them):
  *   - the stack tree of frames (lines merged), with self and total samples:
  *     the aggregated view of all threads;
@@ -19,10 +19,12 @@
  * segments, each placed after the last. Without sample times the axis
  * counts samples, in the order recorded.
  *
- * GVL held; not signal-safe. Linear in the samples, plus sorting each
- * thread's samples and the runs by time.
+ * Strobe::Native.flamegraph_data(result, keep). GVL held; not signal-safe.
+ * Linear in the samples, plus sorting each thread's samples and the runs by
+ * time.
  */
-#include "report.h"
+#include "flamegraph.h"
+#include "samples.h"
 #include <stdlib.h>
 
 /* Longer stretches without samples are drawn as a break (1 minute). */
@@ -208,8 +210,8 @@ time_mode(VALUE result)
  * run_*[run_offset[i], run_offset[i + 1]) (self_* likewise); run_start and
  * run_end are on the axis, whose segments map the samples' clock onto it
  * (seg_from..seg_to placed at seg_at). */
-VALUE
-strobe_flamegraph_body(report_t *r)
+static VALUE
+flamegraph_data(report_t *r)
 {
     uint32_t *node;
     strobe_samples_t *s = strobe_samples_columns(r, "a flamegraph", &node);
@@ -274,4 +276,21 @@ strobe_flamegraph_body(report_t *r)
     rb_hash_aset(axis, strobe_sym("seg_at"), i64_array(f->seg_at, f->segs));
     rb_hash_aset(h, strobe_sym("axis"), axis);
     return h;
+}
+
+static VALUE
+flamegraph_body(VALUE arg)
+{
+    report_args_t *a = (report_args_t *)arg;
+    strobe_report_load(a->r, a->result, a->keep, 1);
+    return flamegraph_data(a->r);
+}
+
+/* Strobe::Native.flamegraph_data(result, keep): see flamegraph_data. */
+REPORT_METHOD(flamegraph)
+
+void
+strobe_flamegraph_define(VALUE mNative)
+{
+    rb_define_singleton_method(mNative, "flamegraph_data", native_report_flamegraph, 2);
 }

@@ -29,6 +29,10 @@
  * handler except strobe_gcspan_counts (an atomic load).
  */
 #include "gcspan.h"
+#include "capture.h"
+#include "clock.h"
+#include "profile.h"
+#include "sampler.h"
 #include <ruby/debug.h>
 
 #define FILL_BATCH 64

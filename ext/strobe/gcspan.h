@@ -4,7 +4,7 @@
 #ifndef STROBE_GCSPAN_H
 #define STROBE_GCSPAN_H
 
-#include "strobe.h"
+#include "threads.h"
 
 /* GVL held. From start to stop, each GC of a profiled thread is recorded
  * as samples of its phases at the sampling rate: interval_us of the

@@ -1,7 +1,7 @@
 /*
  * gvlspan.c - GVL state stretches as markers (Ruby 3.2+, time modes).
  *
- * The GVL hook (sampler.c) reports each registered thread's changes of
+ * The GVL hook (gvlhook.c) reports each registered thread's changes of
  * state: holding the GVL, ready and waiting for it, or blocked without it
  * (IO, sleep, a lock, C code that released it). A stretch of waiting or
  * blocked (not in :cpu, which profiles what threads run) that lasted
@@ -19,6 +19,9 @@
  * here runs in a signal handler.
  */
 #include "gvlspan.h"
+#include "clock.h"
+#include "profile.h"
+#include "sampler.h"
 
 void
 strobe_gvlspan_begin(strobe_thread_t *t, int64_t now_us)

@@ -4,7 +4,7 @@
 #ifndef STROBE_GVLSPAN_H
 #define STROBE_GVLSPAN_H
 
-#include "strobe.h"
+#include "threads.h"
 
 /* A stretch of waiting for the GVL or of being blocked without it shorter
  * than this is no marker (the samples' states still count it). */

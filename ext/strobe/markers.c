@@ -10,7 +10,9 @@
  * GC hooks use it from inside GC. Nothing here runs in a signal handler.
  */
 #include "markers.h"
-#include "strobe.h"
+#include "clock.h"
+#include "sampler.h"
+#include "sampling.h"
 #include <stdlib.h>
 #include <string.h>
 

@@ -23,7 +23,7 @@ typedef enum {
     STROBE_MARKER_GC = 1,    /* a GC pause (gcspan.c) */
     STROBE_MARKER_RUBY,      /* from Ruby: type, name and data given */
     STROBE_MARKER_GVL,       /* waiting for the GVL or blocked without it (gvlspan.c) */
-    STROBE_MARKER_THREAD     /* a thread's start or end, an instant (sampler.c) */
+    STROBE_MARKER_THREAD     /* a thread's start or end, an instant (scopes.c) */
 } strobe_marker_kind_t;
 
 /* The name of a GVL marker of a thread waiting for the GVL (the Firefox

@@ -37,8 +37,10 @@
  * Without libunwind (extconf.rb did not find it) everything here reports
  * native frames unavailable, and native: true is refused.
  */
-#include "strobe.h"
+#include "native.h"
+#include "clock.h"
 #include "sigstack.h"
+#include "symbols.h"
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,7 +80,7 @@ interrupted_pc(const void *ucontext)
  * another thread is inside libunwind at that instant, and the child's
  * first walk would then wait forever with every signal blocked. So fork
  * waits for the walks under way and lets no new one start until it is
- * done (strobe_native_fork_prepare/_done, from sampler.c's fork handlers). */
+ * done (strobe_native_fork_prepare/_done, from fork.c's fork handlers). */
 static atomic_int walks_blocked, walks_running;
 /* A walk that never ended (its handler left by a longjmp, say) made a fork
  * give up waiting: walks are off for good in this process. */

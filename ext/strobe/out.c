@@ -1,10 +1,10 @@
 /*
- * out.c - the output buffer's out-of-line parts (report.h has the inline
+ * out.c - the output buffer's out-of-line parts (out.h has the inline
  * ones): handing a full chunk to the sink, and JSON string literals.
  *
  * GVL held (a sink's #write is Ruby code); nothing here is signal-safe.
  */
-#include "report.h"
+#include "out.h"
 
 void
 strobe_out_flush(out_t *o)
@@ -74,7 +74,7 @@ strobe_out_json_str(out_t *o, VALUE str)
     RB_GC_GUARD(str);
 }
 
-/* ---- names shown on a terminal (see strobe_show_t in report.h) ---------------- */
+/* ---- names shown on a terminal (see strobe_show_t in out.h) ---------------- */
 
 /* str's text as UTF-8 bytes: str itself in UTF-8, US-ASCII or binary (its
  * bytes taken for UTF-8, as Strobe::Report.printable does) or when it is

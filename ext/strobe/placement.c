@@ -40,7 +40,8 @@
  * are async-signal-safe: a handler that interrupted a writer on its own
  * thread gets -1 / 0 rather than waiting.
  */
-#include "strobe.h"
+#include "placement.h"
+#include "clock.h"
 #include <fcntl.h>
 #include <sched.h>
 #include <stdlib.h>

@@ -12,13 +12,16 @@
  * header. Strings are interned in a string table written last (protobuf
  * fields may come in any order).
  *
- * Top-level fields stream into the output (report.h's out_t, flushed to a
+ * Top-level fields stream into the output (out.h's out_t, flushed to a
  * sink in chunks); each nested message is built in a scratch buffer first,
  * since its length prefix comes before it.
  *
  * GVL held; not signal-safe.
  */
 #include "endpoints.h"
+#include "export.h"
+#include "results.h"
+#include "sampling.h"
 #include <stdlib.h>
 #include <inttypes.h>
 

@@ -24,7 +24,11 @@
  *
  * Signal safety: only strobe_profile_add_missed() (an atomic add).
  */
-#include "strobe.h"
+#include "profile.h"
+#include "clock.h"
+#include "native.h"
+#include "sampler.h"
+#include <pthread.h>
 #include <setjmp.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -164,7 +168,7 @@ strobe_profile_cut(int64_t now_us)
     return atomic_exchange(&missed_samples, 0);
 }
 
-int
+static int
 strobe_profile_thread_index(pid_t tid, VALUE thread)
 {
     strobe_profile_t *p = &strobe_profile;

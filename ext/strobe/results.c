@@ -18,7 +18,11 @@
  *
  * GVL held; not signal-safe.
  */
-#include "strobe.h"
+#include "results.h"
+#include "clock.h"
+#include "native.h"
+#include "profile.h"
+#include "sampler.h"
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -216,7 +220,7 @@ strobe_results_raw(VALUE result, const strobe_node_t *nodes, uint32_t count,
 }
 
 /* {running: n, waiting: n, blocked: n} (samples of unknown state left out). */
-VALUE
+static VALUE
 strobe_results_states(const uint64_t *counts)
 {
     VALUE h = rb_hash_new();

@@ -14,7 +14,9 @@
  *
  * GVL held; not signal-safe. Linear in the raw arrays.
  */
-#include "report.h"
+#include "samples.h"
+#include "results.h"
+#include "sampling.h"
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>

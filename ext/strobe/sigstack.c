@@ -49,6 +49,8 @@
  * test hooks, which run outside handlers.
  */
 #include "sigstack.h"
+#include "placement.h"
+#include "sampler.h"
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -240,7 +242,9 @@ strobe_guard_reclaim(strobe_thread_t *t)
     if (strobe_guard_take(t)) strobe_guard_release(t);
 }
 
-unsigned long
+/* Guards found left by a longjmp and taken back since the process began
+ * (tests read it). */
+static unsigned long
 strobe_guard_reclaimed(void)
 {
     return atomic_load(&reclaimed);
@@ -263,7 +267,11 @@ with_stack(stack_t *ss, sigset_t *saved)
     return 0;
 }
 
-size_t
+/* Outside any handler, on the calling thread: paint fills its alternate
+ * signal stack with a pattern; used then tells how many bytes of it
+ * handlers have used since (the deepest point), with its size. Both return
+ * 0 when the thread has no alternate stack. */
+static size_t
 strobe_sigstack_paint(size_t *size)
 {
     stack_t ss;
@@ -276,7 +284,7 @@ strobe_sigstack_paint(size_t *size)
     return ss.ss_size;
 }
 
-size_t
+static size_t
 strobe_sigstack_used(size_t *size)
 {
     stack_t ss;

@@ -5,7 +5,7 @@
 #ifndef STROBE_SIGSTACK_H
 #define STROBE_SIGSTACK_H
 
-#include "strobe.h"
+#include "threads.h"
 
 /* Flags the handler is installed with: on the thread's alternate signal
  * stack (Ruby gives every thread one), and without blocking its own signal
@@ -48,21 +48,12 @@ void strobe_guard_release(strobe_thread_t *t);
  * lets go of a guard a handler of this thread was left holding. Two
  * atomic loads when there is none. */
 void strobe_guard_reclaim(strobe_thread_t *t);
-/* Guards found left by a longjmp and taken back since the process began
- * (tests read it). */
-unsigned long strobe_guard_reclaimed(void);
-
 /* Test hook: the handler calls it holding the guard; it longjmps out when
  * Strobe::Native.leave_a_handler asked for it on this thread. */
 void strobe_sigstack_leave_if_asked(void);
 
-/* Test hooks (Strobe::Native). Outside any handler, on the calling thread:
- * paint fills its alternate signal stack with a pattern; used then tells
- * how many bytes of it handlers have used since (the deepest point), with
- * its size. Both return 0 when the thread has no alternate stack. */
-size_t strobe_sigstack_paint(size_t *size);
-size_t strobe_sigstack_used(size_t *size);
-
+/* The test hooks (Strobe::Native): painting and measuring the alternate
+ * stack, the guards reclaimed, leaving a handler. */
 void strobe_sigstack_define(VALUE mNative);
 
 #endif

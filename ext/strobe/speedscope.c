@@ -14,10 +14,10 @@
  * A profile's startValue is its first sample's time from the start of
  * profiling, so the threads line up.
  *
- * Written as JSON into report.h's out_t (streamed to a sink in chunks).
+ * Written as JSON into out.h's out_t (streamed to a sink in chunks).
  * GVL held; not signal-safe.
  */
-#include "report.h"
+#include "export.h"
 
 /* The table frames of node's stack, root first, as JSON numbers. */
 static void

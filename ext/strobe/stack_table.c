@@ -9,8 +9,8 @@
  * Both maps are open-addressing hash tables of 32-bit ids, grown at 50% load.
  * In front of them, a direct-mapped child cache (parent, frame VALUE, line)
  * -> node answers repeated lookups in one probe; its hit path is inline in
- * strobe.h, its miss path (strobe_stack_table_child_slow) is here. Its keys
- * are interned, hence pinned, frames; it is cleared with the table.
+ * stack_table.h, its miss path (strobe_stack_table_child_slow) is here. Its
+ * keys are interned, hence pinned, frames; it is cleared with the table.
  * GC: interned frames are pinned with rb_gc_mark (they are hash keys by
  * address; pinning keeps them valid under GC.compact and auto_compact).
  *
@@ -19,7 +19,8 @@
  * allocation failure goes to strobe_out_of_memory() with every table still
  * consistent.
  */
-#include "strobe.h"
+#include "stack_table.h"
+#include "sampling.h"
 #include <stdlib.h>
 #include <string.h>
 

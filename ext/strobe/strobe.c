@@ -9,7 +9,21 @@
  * Nothing here is called from a signal handler.
  */
 #include "strobe.h"
+#include "capture.h"
+#include "compact.h"
+#include "export.h"
+#include "flamegraph.h"
+#include "markers.h"
+#include "native.h"
+#include "profile.h"
+#include "report.h"
+#include "results.h"
+#include "sampler.h"
 #include "sigstack.h"
+#include "subset.h"
+#include "symbols.h"
+#include "threads.h"
+#include "trace.h"
 
 VALUE strobe_eProfileError;
 static VALUE mStrobe, mNative, eStrobeError, gc_anchor;
@@ -77,7 +91,7 @@ mode_from_sym(VALUE mode)
 
 /* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer, native) -> bool
  * threads: nil for every thread, or an Array of Threads; timer: :threads,
- * :process or :safepoints (see sampler.c); native: capture native frames
+ * :process or :safepoints (see timer.c); native: capture native frames
  * too (native.c). */
 /* threads: nil, or an Array of Threads (checked, copied). */
 static VALUE
@@ -440,6 +454,8 @@ Init_strobe(void)
     strobe_compact_define(mNative);
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
+    strobe_export_define(mNative);
+    strobe_flamegraph_define(mNative);
     strobe_trace_define(mNative);
     strobe_markers_define(mNative);
     strobe_sigstack_define(mNative);

@@ -22,11 +22,12 @@
  * Every index is checked: a malformed result raises Strobe::ProfileError.
  * GVL held; not signal-safe. Linear in the samples, in C.
  */
-#include "strobe.h"
+#include "subset.h"
+#include "results.h"
+#include "sampling.h"
+#include "stack_table.h"
 #include <stdlib.h>
 #include <string.h>
-
-#define CORRUPT(...) rb_raise(strobe_eProfileError, __VA_ARGS__)
 
 typedef struct {
     uint32_t thread;         /* position in thread_ids */

@@ -24,7 +24,8 @@
  * leaves an object unnamed instead of unwinding past the mutex.
  * Not signal-safe (it opens files and allocates).
  */
-#include "strobe.h"
+#include "symbols.h"
+#include <pthread.h>
 #include <elf.h>
 #include <fcntl.h>
 #include <link.h>

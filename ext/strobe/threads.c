@@ -30,11 +30,15 @@
  * Ruby Thread, through the pointer Ruby keeps per thread for profilers
  * (rb_internal_thread_specific_*); strobe_threads_self() then asks Ruby for
  * the current thread and needs the GVL (the handler finds its entry from
- * the signal instead, see sampler.c). Where a thread runs and its CPU time
+ * the signal instead, see handler.c). Where a thread runs and its CPU time
  * are its placement (placement.c).
  */
-#include "strobe.h"
+#include "threads.h"
+#include "capture.h"
+#include "clock.h"
 #include "gvlspan.h"
+#include "placement.h"
+#include <pthread.h>
 #include <errno.h>
 #include <signal.h>
 #include <unistd.h>

@@ -29,7 +29,11 @@
  * signal-safe. The holder object marks (and pins) the classes, symbols,
  * Threads and fibers the tables hold.
  */
-#include "strobe.h"
+#include "trace.h"
+#include "clock.h"
+#include "sampler.h"
+#include "threads.h"
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
