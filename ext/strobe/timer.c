@@ -6,8 +6,8 @@
  * never calling Ruby). Each interval it wakes on an absolute CLOCK_MONOTONIC
  * deadline. It first drains the ring into the profile under the profile
  * lock, without the GVL (so samples are recorded even while every Ruby thread
- * is blocked), then sends STROBE_SIGNAL with tgkill() to each registered
- * thread that needs one:
+ * is blocked), then sends STROBE_SIGNAL (rt_tgsigqueueinfo, naming the
+ * entry it is for) to each registered thread that needs one:
  *   - :wall: every thread, so threads blocked in IO, sleep, join or waiting
  *     for the GVL are sampled too (their stack as of blocking); except a
  *     thread that captured the same stack twice and whose CPU clock has not
@@ -17,8 +17,8 @@
  *   - :cpu: a thread whose own CPU clock advanced by an interval since its
  *     last signal, so a thread that waits gets no CPU samples and the rate is
  *     not capped by the kernel tick the way setitimer(ITIMER_PROF) is.
- * A dead thread is never signalled (tgkill reports ESRCH, a dead thread's
- * CPU clock reads EINVAL). Without signals (scheduler: :thread) it owes
+ * A dead thread is never signalled (a probe with tgkill(tid, 0) reports
+ * ESRCH, a dead thread's CPU clock reads EINVAL). Without signals (scheduler: :thread) it owes
  * the threads samples instead, taken at safe points by a postponed job
  * (handler.c).
  *
