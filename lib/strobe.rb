@@ -20,6 +20,8 @@ else
   require_relative "strobe/strobe"
 end
 
+require_relative "strobe/stacks"
+
 # Strobe: a sampling call-stack profiler.
 #
 #   result = Strobe.run(mode: :cpu, interval: 1000) { work }

@@ -98,11 +98,12 @@ class TestLoadLimits < Minitest::Test
   EXPAND_ERROR = /stacks would expand to (\d+) raw entries, over this file's limit of (\d+) /
 
   # Out of memory short of the limit (a machine that gives less): still
-  # one line, not Ruby's NoMemoryError report.
+  # one line, not Ruby's NoMemoryError report. (Stackprof's JSON layout
+  # builds the raw arrays; the text report no longer does.)
   def test_running_out_of_memory_is_one_line
     depth = 1021
     at = write_gz("at.json.gz", chain_doc(depth: depth, samples: FLOOR / (depth + 3)))
-    err, status = run_limited(*strobe_command("report", at), limit: 300 << 20)
+    err, status = run_limited(*strobe_command("report", "--json", at), limit: 300 << 20)
     assert_one_line(err, status, /\Astrobe: out of memory \(report\)/)
   end
 
@@ -110,33 +111,44 @@ class TestLoadLimits < Minitest::Test
 
   # The review's chain, 10,000 deep, under samples alternating between two
   # leaves: 1,700 of them expand to 17 million raw entries (10,000 made
-  # 1.6 GB, from a 24 KB file). Refused before anything is expanded.
+  # 1.6 GB, from a 24 KB file). It loads, in its compact form; its raw
+  # arrays are refused before anything is expanded.
   def test_a_deep_chain_repeated_by_many_samples_is_refused
     file = write_gz("deep.json.gz", chain_doc(depth: 10_000, samples: 1700))
     assert_operator File.size(file), :<, 30_000
-    error = assert_raises(Strobe::ProfileError) { Strobe.load(file) }
-    assert_match(/\A#{Regexp.escape(file)}: its 1700 samples' stacks would expand to 17005100 raw entries, /,
-                 error.message)
+    loaded = Strobe.load(file)
+    assert_equal 1700, loaded[:stacks].size
+    error = assert_raises(Strobe::ProfileError) { loaded[:raw] }
+    assert_match(/\Aits 1700 samples' stacks would expand to 17005100 raw entries, /, error.message)
+    error = assert_raises(Strobe::ProfileError) { Strobe::Merge.results([loaded, loaded])[:raw] }
+    assert_match(/would expand/, error.message, "nor those of a merge with it")
     assert_match(/over this file's limit of #{FLOOR} \(#{PER_NUMBER} per number of its stacks section and #{PER_BYTE} per byte of the file, at least #{FLOOR}\)\z/,
                  error.message)
   end
 
   # The review's file itself (24 KB gzipped, 10,000 samples: 100 million
   # raw entries, 1.6 GB and 6.8 s), through the command, in a child with
-  # 1 GB of address space: without the limit it ran out of memory (Ruby's
-  # NoMemoryError) instead of printing its one line.
-  def test_the_command_prints_one_line_for_it
+  # 1 GB of address space: reported from its compact form (before, loading
+  # expanded it and ran out of memory); what would expand it, stackprof's
+  # JSON layout, is one line.
+  def test_the_command_reports_it_in_bounded_memory
     file = write_gz("deep.json.gz", chain_doc(depth: 10_000, samples: 10_000))
     assert_operator File.size(file), :<, 30_000
-    err, status = run_limited(*strobe_command("report", file))
-    assert_one_line(err, status, /\Astrobe: cannot read profile #{Regexp.escape(file)}: its 10000 samples' stacks would expand/)
+    out = path("out")
+    err, status = run_limited(*strobe_command("report", file), out: out)
+    assert_equal [0, ""], [status.exitstatus, err]
+    assert_match(/Samples: 10000 /, File.read(out))
+    err, status = run_limited(*strobe_command("report", "--flamegraph", "-o", path("f.html"), file))
+    assert_equal [0, ""], [status.exitstatus, err]
+    err, status = run_limited(*strobe_command("report", "--json", file))
+    assert_one_line(err, status, /\Astrobe: cannot report on #{Regexp.escape(file)}: its 10000 samples' stacks would expand/)
 
-    # Merging: the file that cannot be read is named, nothing is reported.
+    # Merged with another: folded stacks of both.
     good = path("good.json")
     File.write(good, JSON.generate(chain_doc(depth: 3, samples: 4)))
-    err, status = run_limited(*strobe_command("report", good, file, "--stackcollapse"), out: path("out"))
-    assert_one_line(err, status, /\Astrobe: cannot read profile #{Regexp.escape(file)}: .*stacks would expand/)
-    assert_equal "", File.read(path("out"))
+    err, status = run_limited(*strobe_command("report", good, file, "--stackcollapse"), out: out)
+    assert_equal [0, ""], [status.exitstatus, err]
+    assert_equal 10_004, File.readlines(out).sum { |line| line.split.last.to_i }
   end
 
   # Exactly at the limit loads (and raw holds exactly what was added up:
@@ -156,13 +168,14 @@ class TestLoadLimits < Minitest::Test
       r = Strobe.load(ARGV[0])
       print r[:raw].size, " ", r[:raw].each_slice(#{depth + 3}).sum(&:last)
     RUBY
+    # (The raw arrays are built as they are read: that is what is limited.)
     out, err, status = run_ruby(code, args: [at], timeout: 300)
     assert status.success?, err[0, 600]
     assert_equal "#{FLOOR} #{samples + 1}", out
 
     doc[:stacks][:samples] << doc[:stacks][:samples].first # another leaf: 1,024 more
     over = write_gz("over.json.gz", doc)
-    error = assert_raises(Strobe::ProfileError) { Strobe.load(over) }
+    error = assert_raises(Strobe::ProfileError) { Strobe.load(over)[:raw] }
     assert_match EXPAND_ERROR, error.message
     assert_equal [FLOOR + depth + 3, FLOOR], error.message.match(EXPAND_ERROR).captures.map(&:to_i)
   end
@@ -176,7 +189,7 @@ class TestLoadLimits < Minitest::Test
     samples = 50_000
     doc = chain_doc(depth: 400, samples: samples, columns: true)
     numbers = 3 * 402 + 3 * samples
-    error = assert_raises(Strobe::ProfileError) { Strobe::ProfileFile.parse(JSON.generate(doc), "p") }
+    error = assert_raises(Strobe::ProfileError) { Strobe::ProfileFile.parse(JSON.generate(doc), "p")[:raw] }
     assert_equal [chain_entries(400, samples), PER_NUMBER * numbers], error.message.match(EXPAND_ERROR).captures.map(&:to_i)
     assert_operator PER_NUMBER * numbers, :>, FLOOR
   end
@@ -197,7 +210,7 @@ class TestLoadLimits < Minitest::Test
     File.write(script, <<~RUBY)
       require "strobe"
       begin
-        Strobe.load(ARGV[0])
+        Strobe.load(ARGV[0])[:raw]
         puts "loaded"
       rescue Strobe::ProfileError => e
         puts e.message

@@ -163,7 +163,7 @@ class TestProfileFile < Minitest::Test
   end
 
   def test_save_rejects_raw_referring_to_unknown_frames
-    result = profile
+    result = Strobe.expand(profile) # (the raw arrays, not the compact form, are written)
     result[:raw] = result[:raw].dup
     result[:raw][1] = 123_456_789
     error = assert_raises(Strobe::ProfileError) { Strobe.save(result, File.join(@dir, "p.json")) }
@@ -367,7 +367,7 @@ class TestProfileFile < Minitest::Test
   def test_failed_saves_leave_the_target_and_no_temporary_file
     path = File.join(@dir, "p.json")
     File.write(path, "old")
-    bad = profile
+    bad = Strobe.expand(profile)
     bad[:raw] = bad[:raw].dup
     bad[:raw][1] = 123_456_789
     assert_raises(Strobe::ProfileError) { Strobe.save(bad, path) }

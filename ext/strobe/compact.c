@@ -4,21 +4,24 @@
  * stackprof's raw arrays repeat every frame of a stack for every run of
  * samples; a file instead stores a node table (parent, frame position,
  * line) once, then per sample one node, one thread position, one time
- * delta and, where samples carry GVL states, one state number. Strobe::Native.compact turns a result's raw arrays into that form,
- * Strobe::Native.expand turns it back (through strobe_results_raw, the same
- * writer live results use), validating every index so a corrupt file raises
- * Strobe::ProfileError instead of crashing. Strobe::Native.remap_raw renames
- * the frame ids of raw arrays (for merging results).
+ * delta and, where samples carry GVL states, one state number.
+ * Strobe::Native.compact turns a result's raw arrays into that form (a
+ * result of Strobe's own is written from its Strobe::Stacks instead:
+ * stacks.c). Strobe::Native.expand reads it into a result's Strobe::Stacks
+ * (whose raw arrays are built only if read), validating every index so a
+ * corrupt file raises Strobe::ProfileError instead of crashing.
  *
  * GVL held; not signal-safe. Work is linear in the samples, in C.
  *
- * What expanding may cost. The node table lets a few kilobytes describe
- * stacks that expand to gigabytes: a 24 KB .json.gz holding a chain of
+ * What expanding may cost (reading the raw arrays of a loaded profile,
+ * which stackprof's layout, --json and Marshal dumps do). The node table
+ * lets a few kilobytes describe stacks that expand to gigabytes: a 24 KB .json.gz holding a chain of
  * 10,000 nodes and 10,000 samples alternating between two leaves under it
- * made raw and raw_lines 100 million entries, 1.6 GB. So expand first adds
- * up what raw will hold (per run of samples on one node, as
- * strobe_results_raw writes it: the node's depth + 2 entries) and refuses
- * more than strobe_expand_limit:
+ * made raw and raw_lines 100 million entries, 1.6 GB. So expand adds up
+ * what raw would hold (per run of samples on one node, as
+ * strobe_results_raw writes it: the node's depth + 2 entries), and the raw
+ * arrays of a profile past strobe_expand_limit are refused (the profile
+ * itself loads, and its reports read the compact form):
  *   max(FLOOR, min(PER_NUMBER x the numbers of the stacks section,
  *                  PER_BYTE x the bytes of the file as stored)).
  * An entry costs 16 bytes (a slot in raw and one in raw_lines).
@@ -42,6 +45,7 @@
  *     on a new stack; such a file past the floor loads once gunzipped.
  */
 #include "compact.h"
+#include "stacks.h"
 #include "results.h"
 #include "sampling.h"
 #include "stack_table.h"
@@ -296,24 +300,30 @@ expand_body(VALUE arg)
     uint64_t numbers = (uint64_t)nodes_flat + (uint64_t)n + (uint64_t)deltas_len + (uint64_t)threads_len +
                        (uint64_t)states_len;
     uint64_t limit = strobe_expand_limit(numbers, a->stored);
+    VALUE stacks = strobe_stacks_new(b->nodes, (uint32_t)nodes_len, a->frame_ids, (size_t)n, b->sample_nodes,
+                                     deltas_len ? b->times : NULL, a->thread_ids, threads_len ? b->threads : NULL,
+                                     states_len ? b->states : NULL, start);
+    /* Reports and exports read the compact form as it is; only the raw
+     * arrays, if asked for, would expand past the limit. */
     if (entries > limit)
-        CORRUPT("its %ld samples' stacks would expand to %"PRIu64" raw entries, over this file's limit of %"PRIu64
-                " (%d per number of its stacks section and %d per byte of the file, at least %"PRIu64")",
-                n, entries, limit, STROBE_EXPAND_PER_NUMBER, STROBE_EXPAND_PER_BYTE, STROBE_EXPAND_FLOOR);
-    strobe_results_raw(a->result, b->nodes, (uint32_t)n, b->sample_nodes, deltas_len ? b->times : NULL,
-                       a->thread_ids, threads_len ? b->threads : NULL, states_len ? b->states : NULL,
-                       start, a->frame_ids);
+        strobe_stacks_refuse_raw(stacks, rb_sprintf("its %ld samples' stacks would expand to %"PRIu64" raw entries, over "
+                                                    "this file's limit of %"PRIu64" (%d per number of its stacks section "
+                                                    "and %d per byte of the file, at least %"PRIu64")",
+                                                    n, entries, limit, STROBE_EXPAND_PER_NUMBER, STROBE_EXPAND_PER_BYTE,
+                                                    STROBE_EXPAND_FLOOR));
+    strobe_stacks_attach(a->result, stacks);
     return a->result;
 }
 
 /* Strobe::Native.expand(result, nodes, frame_ids, samples, deltas,
  *                       start_time, sample_threads, thread_ids, sample_states,
  *                       stored)
- * Sets raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas,
- * raw_sample_threads and raw_sample_states on result (each per-sample
- * column may be empty: its key is then left out). stored: the file's size
- * as stored (gzipped or not), or nil; it bounds the expansion with the
- * numbers given (see the top of this file). */
+ * Gives result these samples as its Strobe::Stacks (result[:stacks]), the
+ * raw arrays (raw, raw_lines, raw_sample_timestamps, raw_timestamp_deltas,
+ * raw_sample_threads, raw_sample_states) to be built from it if read
+ * (each per-sample column may be empty: its key is then left out).
+ * stored: the file's size as stored (gzipped or not), or nil; it bounds
+ * how far the raw arrays may expand (see the top of this file). */
 static VALUE
 native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samples, VALUE deltas,
               VALUE start_time, VALUE threads, VALUE thread_ids, VALUE states, VALUE stored)
@@ -336,37 +346,12 @@ native_expand_limit(VALUE self, VALUE numbers, VALUE stored)
     return ULL2NUM(strobe_expand_limit(size_arg(numbers, "numbers"), size_arg(stored, "the file's size")));
 }
 
-/* Strobe::Native.remap_raw(raw, map) -> a copy of raw (stackprof's
- * [depth, ids..., count] entries) with every frame id replaced by map[id]. */
-static VALUE
-native_remap_raw(VALUE self, VALUE raw, VALUE map)
-{
-    long len = array_len(raw, "raw");
-    Check_Type(map, T_HASH);
-    VALUE out = rb_ary_new_capa(len);
-    for (long i = 0; i < len;) {
-        long depth = strobe_fixnum_at(raw, i, "raw");
-        if (depth < 0 || depth > len - i - 2) CORRUPT("raw is truncated at index %ld", i);
-        rb_ary_push(out, RARRAY_AREF(raw, i));
-        for (long k = 1; k <= depth; k++) {
-            VALUE id = rb_hash_lookup2(map, RARRAY_AREF(raw, i + k), Qundef);
-            if (id == Qundef) CORRUPT("raw refers to frame %+"PRIsVALUE" that is not in frames", RARRAY_AREF(raw, i + k));
-            rb_ary_push(out, id);
-        }
-        strobe_fixnum_at(raw, i + depth + 1, "raw");
-        rb_ary_push(out, RARRAY_AREF(raw, i + depth + 1));
-        i += depth + 2;
-    }
-    return out;
-}
-
 void
 strobe_compact_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "compact", native_compact, 8);
     rb_define_singleton_method(mNative, "expand", native_expand, 10);
     rb_define_singleton_method(mNative, "expand_limit", native_expand_limit, 2);
-    rb_define_singleton_method(mNative, "remap_raw", native_remap_raw, 2);
     /* The limit on expanding a file's samples, for the docs and tests. */
     rb_define_const(mNative, "EXPAND_FLOOR", ULL2NUM(STROBE_EXPAND_FLOOR));
     rb_define_const(mNative, "EXPAND_PER_NUMBER", INT2FIX(STROBE_EXPAND_PER_NUMBER));

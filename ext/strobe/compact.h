@@ -1,6 +1,6 @@
 /*
  * compact.h - raw samples to and from the file's compact form (compact.c):
- * Native.compact, Native.expand, Native.expand_limit, Native.remap_raw.
+ * Native.compact, Native.expand, Native.expand_limit.
  * GVL held; not signal-safe.
  */
 #ifndef STROBE_COMPACT_H

@@ -19,6 +19,7 @@
  * GVL held; not signal-safe.
  */
 #include "results.h"
+#include "stacks.h"
 #include "clock.h"
 #include "native.h"
 #include "profile.h"
@@ -440,8 +441,9 @@ results_of(const strobe_profile_t *p, const sample_log_t *log, const counters_t 
     if (p->markers.len) rb_hash_aset(result, strobe_sym("markers"), strobe_markers_results(&p->markers, thread_ids));
     if (p->markers.dropped) rb_hash_aset(result, strobe_sym("dropped_markers"), ULL2NUM(p->markers.dropped));
     if (p->raw && log->count)
-        strobe_results_raw(result, st->nodes, (uint32_t)log->count, log->nodes, log->times, thread_ids, log->threads,
-                           p->track_states ? log->states : NULL, p->start_us, frame_ids);
+        strobe_stacks_attach(result, strobe_stacks_new(st->nodes, st->nodes_len, frame_ids, log->count, log->nodes,
+                                                       log->times, thread_ids, log->threads,
+                                                       p->track_states ? log->states : NULL, p->start_us));
     return result;
 }
 

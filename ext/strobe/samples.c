@@ -15,16 +15,19 @@
  * GVL held; not signal-safe. Linear in the raw arrays.
  */
 #include "samples.h"
+#include "stacks.h"
 #include "results.h"
 #include "sampling.h"
 #include <stdlib.h>
 #include <inttypes.h>
 #include <string.h>
 
+/* hash[name], through the result's default proc: the raw arrays of a
+ * result holding only its Strobe::Stacks are built as they are read. */
 static VALUE
 key(VALUE hash, const char *name)
 {
-    return rb_hash_lookup2(hash, strobe_sym(name), Qnil);
+    return rb_hash_aref(hash, strobe_sym(name));
 }
 
 static VALUE
@@ -235,9 +238,111 @@ read_columns(report_t *r, strobe_samples_t *s)
     read_states(s, optional_array(result, "raw_sample_states"));
 }
 
+/* The result's compact form (result[:stacks]), or NULL: a result loaded
+ * or taken by Strobe has one, and its samples are read from it without
+ * the raw arrays ever being built. */
+const strobe_stacks_t *
+strobe_samples_stacks(VALUE result)
+{
+    return strobe_stacks_get(rb_hash_lookup2(result, strobe_sym("stacks"), Qnil));
+}
+
+/* The columns of a compact form: times and states as they are, threads as
+ * positions in the result's threads (s->thread_ids, as read_threads has
+ * them). */
+static void
+columns_from_stacks(report_t *r, strobe_samples_t *s, const strobe_stacks_t *st)
+{
+    VALUE result = r->result;
+    s->interval = bounded_key(result, "interval", INT32_MAX);
+    s->started_at_us = bounded_key(result, "started_at", STROBE_MAX_TIME_US);
+    s->duration_us = bounded_key(result, "duration", STROBE_MAX_TIME_US);
+    if (st->time) {
+        s->time = alloc_n(s->n, sizeof(int64_t));
+        if (s->n) memcpy(s->time, st->time, sizeof(int64_t) * s->n);
+        s->start_us = st->start_us;
+    }
+    if (st->state) {
+        s->state = alloc_n(s->n, 1);
+        if (s->n) memcpy(s->state, st->state, s->n);
+    }
+    VALUE threads = key(result, "threads");
+    if (!NIL_P(threads) && !RB_TYPE_P(threads, T_HASH)) CORRUPT("threads is not a Hash");
+    s->thread_ids = rb_ary_new();
+    if (!NIL_P(threads)) rb_hash_foreach(threads, push_key, s->thread_ids);
+    if (st->thread) {
+        /* Each of the compact form's threads: its position among the
+         * result's, -1 for one it does not list (an error only if a sample
+         * names it). (A Ruby String holds them, so nothing leaks should
+         * the error be raised.) */
+        long count = RARRAY_LEN(st->thread_ids);
+        VALUE pos = rb_hash_new();
+        for (long k = 0; k < RARRAY_LEN(s->thread_ids); k++) {
+            VALUE id = RARRAY_AREF(s->thread_ids, k);
+            if (!FIXNUM_P(id)) CORRUPT("thread id %+"PRIsVALUE" is not an integer", id);
+            rb_hash_aset(pos, id, LONG2FIX(k));
+        }
+        VALUE buffer;
+        long *position = ALLOCV_N(long, buffer, (size_t)(count ? count : 1));
+        for (long t = 0; t < count; t++) {
+            VALUE at = rb_hash_lookup2(pos, RARRAY_AREF(st->thread_ids, t), Qundef);
+            position[t] = FIXNUM_P(at) ? FIX2LONG(at) : -1;
+        }
+        s->thread = alloc_n(s->n, sizeof(uint32_t));
+        for (size_t k = 0; k < s->n; k++) {
+            long p = position[st->thread[k]];
+            if (p < 0)
+                CORRUPT("sample %zu is of thread %+"PRIsVALUE", not a thread of the profile", k,
+                        RARRAY_AREF(st->thread_ids, st->thread[k]));
+            s->thread[k] = (uint32_t)p;
+        }
+        ALLOCV_END(buffer);
+        RB_GC_GUARD(pos);
+    }
+    if (RARRAY_LEN(s->thread_ids) == 0) rb_ary_push(s->thread_ids, Qnil);
+}
+
+/* The samples of a compact form, their stacks interned into s's table
+ * (frames a filter drops left out). */
+typedef struct {
+    report_t *r;
+    strobe_samples_t *s;
+    const strobe_stacks_t *st;
+} into_table_t;
+
+static uint32_t
+table_node(void *arg, uint32_t parent, uint32_t node)
+{
+    into_table_t *c = arg;
+    const strobe_node_t *n = &c->st->nodes[node];
+    VALUE id = RARRAY_AREF(c->st->frame_ids, n->frame);
+    if (!NIL_P(c->r->keep) && strobe_report_frame_pos(c->r, id, 0) < 0) return parent; /* dropped */
+    return strobe_stack_table_child(&c->s->table, parent, id, n->line);
+}
+
+static void
+stacks_into_table(report_t *r, strobe_samples_t *s, const strobe_stacks_t *st)
+{
+    VALUE buffer;
+    uint32_t *map = strobe_stacks_map_new(st, &buffer, 0);
+    into_table_t c = { r, s, st };
+    for (size_t k = 0; k < s->n; k++)
+        s->node[k] = strobe_stacks_resolve(st, st->node[k], map, map + st->nodes_len, table_node, &c);
+    ALLOCV_END(buffer);
+}
+
 strobe_samples_t *
 strobe_samples_columns(report_t *r, const char *what, uint32_t **node)
 {
+    const strobe_stacks_t *st = strobe_samples_stacks(r->result);
+    if (st) {
+        strobe_samples_t *s = samples_new(r);
+        s->n = st->n;
+        s->node = alloc_n(s->n, sizeof(uint32_t));
+        *node = s->node;
+        columns_from_stacks(r, s, st);
+        return s;
+    }
     size_t n;
     checked_raw(r, what, &n);
     strobe_samples_t *s = samples_new(r);
@@ -252,6 +357,20 @@ strobe_samples_t *
 strobe_samples_read(report_t *r, const char *what)
 {
     VALUE result = r->result;
+    const strobe_stacks_t *st = strobe_samples_stacks(result);
+    if (st) {
+        strobe_samples_t *s = samples_new(r);
+        s->n = st->n;
+        s->table_ready = 1;
+        strobe_stack_table_init(&s->table);
+        s->node = alloc_n(s->n, sizeof(uint32_t));
+        stacks_into_table(r, s, st);
+        s->frame_pos = alloc_n(s->table.frames_len, sizeof(long));
+        for (uint32_t f = 0; f < s->table.frames_len; f++)
+            s->frame_pos[f] = strobe_report_frame_pos(r, s->table.frames[f].value, 0);
+        columns_from_stacks(r, s, st);
+        return s;
+    }
     size_t n;
     VALUE raw = checked_raw(r, what, &n);
     VALUE raw_lines = optional_array(result, "raw_lines");

@@ -9,6 +9,7 @@
 #define STROBE_SAMPLES_H 1
 #include "report.h"
 #include "stack_table.h"
+#include "stacks.h"
 
 /* Sample times are microseconds below this (2**53: centuries since the
  * epoch), so differences and sums of a few of them never overflow. */
@@ -45,6 +46,9 @@ strobe_samples_t *strobe_samples_read(report_t *r, const char *what);
  * and *node, an array of a node per sample (s->n) for the caller to fill. */
 strobe_samples_t *strobe_samples_columns(report_t *r, const char *what, uint32_t **node);
 void strobe_samples_free(strobe_samples_t *s);
+/* result[:stacks]'s compact form, or NULL for a result without one (then
+ * the raw arrays are read). */
+const strobe_stacks_t *strobe_samples_stacks(VALUE result);
 /* The samples' indexes grouped by thread (in the order of thread_ids),
  * time-ordered within each; *starts gets each thread's first position
  * (threads + 1 entries). Both in r's scratch[3..5] (and 7). */

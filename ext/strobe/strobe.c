@@ -11,6 +11,7 @@
 #include "strobe.h"
 #include "capture.h"
 #include "compact.h"
+#include "stacks.h"
 #include "export.h"
 #include "flamegraph.h"
 #include "markers.h"
@@ -451,6 +452,7 @@ Init_strobe(void)
 #else
     rb_define_const(mNative, "GVL_STATES", Qfalse);
 #endif
+    strobe_stacks_define(mStrobe);
     strobe_compact_define(mNative);
     strobe_subset_define(mNative);
     strobe_report_define(mNative);

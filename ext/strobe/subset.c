@@ -11,7 +11,7 @@
  * from them the same way live results are built: the stacks are interned
  * into a stack table, the kept samples become per-node self counts,
  * strobe_results_aggregate() derives samples/total_samples/edges/lines, and
- * strobe_results_raw() writes the raw arrays. Frame ids are the original
+ * the kept samples are the part's Strobe::Stacks (stacks.c). Frame ids are the original
  * result's, so the two results can be compared frame by frame. The markers
  * kept are those of the windows' threads that overlap a window.
  *
@@ -24,6 +24,7 @@
  */
 #include "subset.h"
 #include "results.h"
+#include "stacks.h"
 #include "sampling.h"
 #include "stack_table.h"
 #include <stdlib.h>
@@ -177,16 +178,16 @@ narrow_to_windows(const subset_t *s, VALUE result, VALUE out, int64_t start)
     return from;
 }
 
-static VALUE
-subset_body(VALUE arg)
+/* The samples of the windows, from the raw arrays: sets *has_times,
+ * *has_states and *start (the profile's start on the clock of the times,
+ * 0 when unknown). */
+static void
+walk_raw(subset_t *s, VALUE frames, int *has_times_out, int *has_states_out, int64_t *start)
 {
-    subset_t *s = (subset_t *)arg;
     VALUE result = s->result;
     VALUE raw = array_key(result, "raw"), raw_lines = array_key(result, "raw_lines");
     VALUE sample_threads = array_key(result, "raw_sample_threads");
     VALUE stamps = key(result, "raw_sample_timestamps");
-    VALUE frames = key(result, "frames");
-    if (!RB_TYPE_P(frames, T_HASH)) CORRUPT("the result has no frames Hash");
     long raw_len = RARRAY_LEN(raw), n = RARRAY_LEN(sample_threads);
     if (RARRAY_LEN(raw_lines) != raw_len) CORRUPT("raw_lines does not match raw");
     int has_times = RB_TYPE_P(stamps, T_ARRAY);
@@ -196,8 +197,6 @@ subset_body(VALUE arg)
     if (has_states && RARRAY_LEN(states) != n) CORRUPT("raw_sample_states does not match raw_sample_threads");
     if (s->timed && !has_times) rb_raise(rb_eArgError, "a time window needs raw_sample_timestamps");
 
-    strobe_stack_table_init(&s->table);
-    s->table_ready = 1;
     long sample = 0, thread = -1;
     VALUE last_tid = Qundef;
     for (long i = 0; i < raw_len;) {
@@ -243,6 +242,84 @@ subset_body(VALUE arg)
         i += depth + 2;
     }
     if (sample != n) CORRUPT("raw_sample_threads has more samples than raw");
+
+    *start = 0;
+    VALUE deltas = key(result, "raw_timestamp_deltas");
+    if (has_times && n && RB_TYPE_P(deltas, T_ARRAY) && RARRAY_LEN(deltas) == n)
+        if (__builtin_sub_overflow(strobe_fixnum_at(stamps, 0, "raw_sample_timestamps"),
+                                   strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas"), start))
+            CORRUPT("raw_timestamp_deltas[0] is out of range");
+    *has_times_out = has_times;
+    *has_states_out = has_states;
+}
+
+/* The same from the compact form: each stack node a kept sample reaches is
+ * interned once (ancestors first), each sample then a lookup. */
+typedef struct {
+    subset_t *s;
+    const strobe_stacks_t *st;
+    VALUE frames;
+} into_subset_t;
+
+static uint32_t
+subset_node(void *arg, uint32_t parent, uint32_t node)
+{
+    into_subset_t *c = arg;
+    VALUE id = RARRAY_AREF(c->st->frame_ids, c->st->nodes[node].frame);
+    if (rb_hash_lookup2(c->frames, id, Qundef) == Qundef)
+        CORRUPT("a stack refers to frame %+"PRIsVALUE" that is not in frames", id);
+    uint32_t f = strobe_stack_table_frame(&c->s->table, id, STROBE_FRAME_RUBY);
+    return strobe_stack_table_node(&c->s->table, parent, f, c->st->nodes[node].line);
+}
+
+static void
+walk_stacks(subset_t *s, const strobe_stacks_t *st, VALUE frames, int *has_times, int *has_states, int64_t *start)
+{
+    if (!st->thread) rb_raise(rb_eArgError, "a part by thread needs the samples' threads");
+    if (s->timed && !st->time) rb_raise(rb_eArgError, "a time window needs the samples' times");
+    VALUE buffer, threads_buffer;
+    uint32_t *map = strobe_stacks_map_new(st, &buffer, 0);
+    /* Each of the compact form's threads: its position among the windows'
+     * threads, -1 for one without a window. */
+    long count = RARRAY_LEN(st->thread_ids);
+    long *window_thread = ALLOCV_N(long, threads_buffer, (size_t)(count ? count : 1));
+    for (long t = 0; t < count; t++) {
+        VALUE tid = RARRAY_AREF(st->thread_ids, t);
+        VALUE at = FIXNUM_P(tid) ? rb_hash_lookup2(s->position, tid, Qnil) : Qnil;
+        window_thread[t] = NIL_P(at) ? -1 : FIX2LONG(at);
+    }
+    into_subset_t c = { s, st, frames };
+    for (size_t k = 0; k < st->n; k++) {
+        long thread = window_thread[st->thread[k]];
+        if (thread < 0 || !in_window(s, (uint32_t)thread, st->time ? st->time[k] : 0)) continue;
+        uint32_t node = strobe_stacks_resolve(st, st->node[k], map, map + st->nodes_len, subset_node, &c);
+        if (node)
+            keep(s, node, st->time ? st->time[k] : 0, (uint16_t)thread,
+                 (uint8_t)(st->state ? st->state[k] : STROBE_STATE_UNKNOWN));
+    }
+    ALLOCV_END(buffer);
+    ALLOCV_END(threads_buffer);
+    *has_times = st->time != NULL;
+    *has_states = st->state != NULL;
+    *start = st->n && st->time ? st->start_us : 0;
+}
+
+static VALUE
+subset_body(VALUE arg)
+{
+    subset_t *s = (subset_t *)arg;
+    VALUE result = s->result;
+    VALUE frames = key(result, "frames");
+    if (!RB_TYPE_P(frames, T_HASH)) CORRUPT("the result has no frames Hash");
+    strobe_stack_table_init(&s->table);
+    s->table_ready = 1;
+    int has_times, has_states;
+    int64_t start;
+    const strobe_stacks_t *compact = strobe_stacks_get(rb_hash_lookup2(result, strobe_sym("stacks"), Qnil));
+    if (compact)
+        walk_stacks(s, compact, frames, &has_times, &has_states, &start);
+    else
+        walk_raw(s, frames, &has_times, &has_states, &start);
 
     /* The new result: the same keys, counts of these threads only. */
     VALUE out = rb_hash_dup(result);
@@ -293,25 +370,23 @@ subset_body(VALUE arg)
     rb_hash_aset(out, strobe_sym("threads"), out_threads);
     subset_markers(s, result, out);
 
-    int64_t start = 0;
-    VALUE deltas = key(result, "raw_timestamp_deltas");
-    if (has_times && n && RB_TYPE_P(deltas, T_ARRAY) && RARRAY_LEN(deltas) == n)
-        if (__builtin_sub_overflow(strobe_fixnum_at(stamps, 0, "raw_sample_timestamps"),
-                                   strobe_fixnum_at(deltas, 0, "raw_timestamp_deltas"), &start))
-            CORRUPT("raw_timestamp_deltas[0] is out of range");
-    if (s->timed && has_times && n && start) start = narrow_to_windows(s, result, out, start);
+    if (s->timed && has_times && start) start = narrow_to_windows(s, result, out, start);
     /* (With no sample kept the arrays were never made: the columns are
      * still written, empty, not left as the whole profile's.) */
     static const uint16_t no_threads[1];
     static const int64_t no_times[1];
-    strobe_results_raw(out, st->nodes, (uint32_t)s->kept, s->sample_nodes,
-                       has_times ? (s->times ? s->times : no_times) : NULL,
-                       s->thread_ids, s->threads ? s->threads : no_threads,
-                       has_states ? (s->states ? s->states : (uint8_t *)"") : NULL, start, frame_ids);
-    if (!has_times) {
-        rb_hash_delete(out, strobe_sym("raw_sample_timestamps"));
-        rb_hash_delete(out, strobe_sym("raw_timestamp_deltas"));
-    }
+    /* The whole profile's raw arrays, if they were read, are not the part's. */
+    static const char *const raw_keys[] = { "raw", "raw_lines", "raw_sample_timestamps", "raw_timestamp_deltas",
+                                            "raw_sample_threads", "raw_sample_states" };
+    for (size_t k = 0; k < sizeof(raw_keys) / sizeof(raw_keys[0]); k++) rb_hash_delete(out, strobe_sym(raw_keys[k]));
+    VALUE part = strobe_stacks_new(st->nodes, st->nodes_len, frame_ids, s->kept, s->sample_nodes,
+                                   has_times ? (s->times ? s->times : no_times) : NULL, s->thread_ids,
+                                   s->threads ? s->threads : no_threads,
+                                   has_states ? (s->states ? s->states : (const uint8_t *)"") : NULL, start);
+    /* A part of a profile whose raw arrays are refused: its own too. */
+    const strobe_stacks_t *whole = strobe_stacks_get(rb_hash_lookup2(result, strobe_sym("stacks"), Qnil));
+    if (whole && !NIL_P(whole->raw_refusal)) strobe_stacks_refuse_raw(part, whole->raw_refusal);
+    strobe_stacks_attach(out, part);
     return out;
 }
 

@@ -11,6 +11,7 @@
  * Strobe::ProfileError. GVL held; not signal-safe.
  */
 #include "report.h"
+#include "samples.h"
 
 static VALUE sym_raw;
 
@@ -76,13 +77,59 @@ tree_run(report_t *r, uint32_t node, uint64_t count)
     r->runs_count[r->runs++] = count;
 }
 
+/* The tree of a compact form's samples: each stack node a sample reaches
+ * is given its tree node once, ancestors first, in the order samples first
+ * reach it (so the tree is the one the raw arrays give); each sample then
+ * costs a lookup. */
+typedef struct {
+    report_t *r;
+    const strobe_stacks_t *st;
+    long *pos_of;            /* per frame: its position in r's frames, -1 dropped, -2 not looked up */
+} into_tree_t;
+
+static uint32_t
+tree_node(void *arg, uint32_t parent, uint32_t node)
+{
+    into_tree_t *c = arg;
+    uint32_t f = c->st->nodes[node].frame;
+    if (c->pos_of[f] == -2) c->pos_of[f] = strobe_report_frame_pos(c->r, RARRAY_AREF(c->st->frame_ids, f), 0);
+    return c->pos_of[f] >= 0 ? tree_child(c->r, parent, (uint32_t)c->pos_of[f]) : parent;
+}
+
+static void
+tree_from_stacks(report_t *r, const strobe_stacks_t *st)
+{
+    if (r->sample_node && r->sample_nodes != st->n) CORRUPT("the stacks have %zu samples, not %zu", st->n, r->sample_nodes);
+    tree_init(r);
+    long frames = RARRAY_LEN(st->frame_ids);
+    VALUE buffer, frames_buffer; /* freed by the GC should anything raise */
+    uint32_t *map = strobe_stacks_map_new(st, &buffer, 0);
+    into_tree_t c = { r, st, ALLOCV_N(long, frames_buffer, (size_t)(frames ? frames : 1)) };
+    for (long f = 0; f < frames; f++) c.pos_of[f] = -2;
+    for (size_t k = 0; k < st->n; k++) {
+        uint32_t node = strobe_stacks_resolve(st, st->node[k], map, map + st->nodes_len, tree_node, &c);
+        strobe_add_count(&r->self[node], 1);
+        tree_run(r, node, 1);
+        if (r->sample_node) r->sample_node[k] = node;
+    }
+    ALLOCV_END(buffer);
+    ALLOCV_END(frames_buffer);
+    tree_totals(r);
+}
+
 /* Interns every raw stack (root first, [depth, ids..., count] each) into
  * the tree. A stack shares the previous one's path up to the first level
- * whose frame id differs, so only the rest is looked up. */
+ * whose frame id differs, so only the rest is looked up. A result with a
+ * compact form is read from that instead. */
 void
 strobe_report_tree(report_t *r)
 {
-    VALUE raw = rb_hash_lookup2(r->result, sym_raw, Qnil);
+    const strobe_stacks_t *st = strobe_samples_stacks(r->result);
+    if (st) {
+        tree_from_stacks(r, st);
+        return;
+    }
+    VALUE raw = rb_hash_aref(r->result, sym_raw); /* (built from :stacks as read: stacks.c) */
     if (!RB_TYPE_P(raw, T_ARRAY))
         CORRUPT("this report needs per-sample data: profile with raw: true (strobe run --raw)");
     tree_init(r);

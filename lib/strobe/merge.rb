@@ -8,60 +8,143 @@ module Strobe
   #
   # Frame ids are only meaningful within one result (they are addresses in
   # the process that profiled), so frames are matched by name, file and
-  # line and renumbered 1, 2, ...; counts, edges and lines are added up, raw
-  # samples are concatenated in the order given, threads are merged by id.
+  # line and renumbered 1, 2, ...; counts, edges and lines are added up,
+  # samples are concatenated in the order given (their compact forms, in C:
+  # Strobe::Stacks::Builder), threads are merged by id.
   module Merge
     COUNTS = %i[samples gc_samples missed_samples truncated_samples].freeze
     RAW_KEYS = ProfileFile::RAW_KEYS
-    # Per-sample arrays merged by concatenation.
-    PER_SAMPLE_KEYS = RAW_KEYS - %i[raw raw_lines]
 
     module_function
 
-    # names label the results in error messages (file names, say).
-    def results(list, names = list.each_index.map { |i| "profile #{i + 1}" })
-      return list.first if list.size == 1
-
-      check_compatible(list, names)
-      merged = list.first.reject { |key, _| RAW_KEYS.include?(key) || key == :frames || key == :threads }
-      COUNTS.each { |key| merged[key] = list.sum { |r| ProfileFile.count(r[key], key.to_s) } }
-      merged[:metadata] = list.map { |r| r[:metadata].is_a?(Hash) ? r[:metadata] : {} }.reduce({}, :merge)
-      merged.delete(:cwd) unless list.all? { |r| r[:cwd] == list.first[:cwd] } # relative paths meant different files
-      merge_native(list, merged)
-      ids = {}
-      merged[:frames] = {}
-      maps = list.map { |r| merge_frames(r[:frames] || {}, merged[:frames], ids) }
-      list.zip(maps).each { |r, map| add_edges_and_lines(r[:frames] || {}, merged[:frames], map) }
-      merged[:threads] = merge_threads(list, maps)
-      merge_span(list, merged)
-      merge_raw(list, maps, merged) if list.all? { |r| r[:raw].is_a?(Array) }
-      merge_markers(list, merged)
-      merged
+    # list: the results, or anything that yields them in turn (the CLI
+    # loads each file as it is reached: a merge then holds the merged
+    # profile and one input, not every input). names label the results in
+    # error messages (file names, say). A single result is returned as it is.
+    def results(list, names = nil)
+      merger = Merger.new
+      list.each_with_index { |result, i| merger.add(result, names ? names[i] : "profile #{i + 1}") }
+      merger.result
     end
 
-    # Native frames in any: the merge has them, and every incomplete stack.
-    def merge_native(list, merged)
-      return unless list.any? { |r| r[:native] == true }
-
-      merged[:native] = true
-      merged[:native_incomplete_samples] =
-        list.sum { |r| ProfileFile.count(r[:native_incomplete_samples] || 0, "native_incomplete_samples") }
-    end
-
-    def check_compatible(list, names)
-      first = list.first
-      list.each_with_index.drop(1).each do |r, i|
-        if r[:mode].to_s != first[:mode].to_s
-          raise ArgumentError, "cannot merge #{names[i]} (mode #{r[:mode]}) with #{names[0]} (mode #{first[:mode]})"
-        end
-        if r[:clock].to_s != first[:clock].to_s
-          raise ArgumentError, "cannot merge #{names[i]} (clock #{r[:clock]}) with #{names[0]} (clock #{first[:clock]})"
-        end
-        next if r[:interval] == first[:interval]
-
-        raise ArgumentError, "cannot merge #{names[i]} (interval #{r[:interval].inspect}) with #{names[0]} " \
-                             "(interval #{first[:interval].inspect})"
+    # One merge, result by result: the first is kept aside until a second
+    # comes, then both and every later one are folded in.
+    class Merger
+      def initialize
+        @first = nil
+        @merged = nil
       end
+
+      def add(result, name)
+        raise ProfileError, "#{name}: not a result Hash" unless result.is_a?(Hash)
+
+        if @first.nil? && @merged.nil?
+          @first = [result, name]
+          return
+        end
+        start(*@first) if @merged.nil?
+        fold(result, name)
+      end
+
+      # The merged result (the one result given, as it is; nil for none).
+      def result
+        return @first&.first unless @merged
+
+        @merged[:threads] = @threads
+        @merged.delete(:cwd) unless @same_cwd # relative paths meant different files
+        if @stacks
+          stacks = @stacks.finish
+          stacks ? Stacks.attach(@merged, stacks) : @merged
+        end
+        @merged[:markers] = @markers unless @markers.empty?
+        @merged[:dropped_markers] = @dropped if @dropped.positive?
+        @merged
+      end
+
+      private
+
+      def start(first, name)
+        @first = nil
+        @head = first
+        @head_name = name
+        @merged = first.reject { |key, _| RAW_KEYS.include?(key) || %i[frames threads stacks markers dropped_markers].include?(key) }
+        COUNTS.each { |key| @merged[key] = 0 }
+        @merged[:metadata] = {}
+        @merged.delete(:native)
+        @merged.delete(:native_incomplete_samples)
+        @merged.delete(:started_at)
+        @merged.delete(:duration)
+        @merged[:frames] = {}
+        @ids = {}
+        @threads = {}
+        @spans = []
+        @same_cwd = true
+        @markers = []
+        @dropped = 0
+        @stacks = Stacks::Builder.new
+        fold(first, name)
+      end
+
+      def fold(result, name)
+        Merge.check_compatible(@head, result, @head_name, name)
+        COUNTS.each { |key| @merged[key] += ProfileFile.count(result[key], key.to_s) }
+        @merged[:metadata] = @merged[:metadata].merge(result[:metadata]) if result[:metadata].is_a?(Hash)
+        @same_cwd &&= result[:cwd] == @head[:cwd]
+        fold_native(result)
+        map = Merge.merge_frames(result[:frames] || {}, @merged[:frames], @ids)
+        Merge.add_edges_and_lines(result[:frames] || {}, @merged[:frames], map)
+        Merge.merge_threads(result, map, @threads)
+        fold_span(result)
+        fold_samples(result, map)
+        @markers.concat(result[:markers]) if result[:markers].is_a?(Array)
+        @dropped += ProfileFile.count(result[:dropped_markers], "dropped_markers")
+      end
+
+      # Native frames in any: the merge has them, and every incomplete stack.
+      def fold_native(result)
+        return unless result[:native] == true
+
+        @merged[:native] = true
+        @merged[:native_incomplete_samples] =
+          @merged.fetch(:native_incomplete_samples, 0) +
+          ProfileFile.count(result[:native_incomplete_samples] || 0, "native_incomplete_samples")
+      end
+
+      # started_at: the earliest start; duration: from there to the latest end.
+      def fold_span(result)
+        span = [result[:started_at], result[:duration]]
+        @spans = nil unless @spans && span.all?(Integer)
+        return unless @spans
+
+        @spans << span
+        @merged[:started_at] = @spans.map(&:first).min
+        @merged[:duration] = @spans.map(&:sum).max - @merged[:started_at]
+      end
+
+      # The samples, in the order given, from each result's compact form
+      # (made from the raw arrays of a result that has only those); none
+      # once a result has no samples to give.
+      def fold_samples(result, map)
+        return unless @stacks
+
+        stacks = result[:stacks]
+        stacks = Stacks.from_raw(result) unless stacks.is_a?(Stacks) || !result[:raw].is_a?(Array)
+        return @stacks = nil unless stacks.is_a?(Stacks)
+
+        @stacks.add(stacks, map)
+      end
+    end
+
+    def check_compatible(first, result, first_name, name)
+      %i[mode clock].each do |key|
+        next if result[key].to_s == first[key].to_s
+
+        raise ArgumentError, "cannot merge #{name} (#{key} #{result[key]}) with #{first_name} (#{key} #{first[key]})"
+      end
+      return if result[:interval] == first[:interval]
+
+      raise ArgumentError, "cannot merge #{name} (interval #{result[:interval].inspect}) with #{first_name} " \
+                           "(interval #{first[:interval].inspect})"
     end
 
     # Adds frames' counts into merged; returns {old id => new id}. Two
@@ -131,23 +214,22 @@ module Strobe
       end
     end
 
-    def merge_threads(list, maps)
-      list.zip(maps).each_with_object({}) do |(r, map), threads|
-        raise ProfileError, "threads is not a Hash" unless r[:threads].nil? || r[:threads].is_a?(Hash)
+    # Adds a result's threads into threads (merged by id).
+    def merge_threads(result, map, threads)
+      raise ProfileError, "threads is not a Hash" unless result[:threads].nil? || result[:threads].is_a?(Hash)
 
-        (r[:threads] || {}).each do |id, info|
-          raise ProfileError, "thread #{id.inspect[0, 40]} is not a Hash" unless info.is_a?(Hash)
-          raise ProfileError, "the states of thread #{id} are not a Hash" unless info[:states].nil? || info[:states].is_a?(Hash)
+      (result[:threads] || {}).each do |id, info|
+        raise ProfileError, "thread #{id.inspect[0, 40]} is not a Hash" unless info.is_a?(Hash)
+        raise ProfileError, "the states of thread #{id} are not a Hash" unless info[:states].nil? || info[:states].is_a?(Hash)
 
-          target = threads[id] ||= { name: info[:name], samples: 0 }
-          target[:main] = true if info[:main]
-          merge_thread_trace(target, info, map) if info.key?(:calls)
-          target[:samples] += ProfileFile.count(info[:samples], "a thread's samples")
-          next unless info[:states]
+        target = threads[id] ||= { name: info[:name], samples: 0 }
+        target[:main] = true if info[:main]
+        merge_thread_trace(target, info, map) if info.key?(:calls)
+        target[:samples] += ProfileFile.count(info[:samples], "a thread's samples")
+        next unless info[:states]
 
-          states = target[:states] ||= {}
-          info[:states].each { |state, n| states[state] = states.fetch(state, 0) + ProfileFile.count(n, "a thread state's samples") }
-        end
+        states = target[:states] ||= {}
+        info[:states].each { |state, n| states[state] = states.fetch(state, 0) + ProfileFile.count(n, "a thread state's samples") }
       end
     end
 
@@ -161,41 +243,6 @@ module Strobe
         raise ProfileError, "a thread's frame #{id.inspect[0, 40]} is not a Hash" unless numbers.is_a?(Hash)
 
         add_trace_numbers((target[:frames] ||= {})[map[id]] ||= {}, numbers, "a thread's frame")
-      end
-    end
-
-    # started_at: the earliest start; duration: from there to the latest end.
-    def merge_span(list, merged)
-      spans = list.map { |r| [r[:started_at], r[:duration]] }
-      unless spans.all? { |span| span.all?(Integer) }
-        merged.delete(:started_at)
-        merged.delete(:duration)
-        return
-      end
-
-      merged[:started_at] = spans.map(&:first).min
-      merged[:duration] = spans.map(&:sum).max - merged[:started_at]
-    end
-
-    # Markers of every result, in the order given (as raw samples are);
-    # dropped ones counted.
-    def merge_markers(list, merged)
-      merged.delete(:markers)
-      merged.delete(:dropped_markers)
-      markers = list.flat_map { |r| r[:markers].is_a?(Array) ? r[:markers] : [] }
-      merged[:markers] = markers unless markers.empty?
-      dropped = list.sum { |r| ProfileFile.count(r[:dropped_markers], "dropped_markers") }
-      merged[:dropped_markers] = dropped if dropped.positive?
-    end
-
-    def merge_raw(list, maps, merged)
-      raw = []
-      # Renumbering the frames of every sample is done in C.
-      list.zip(maps).each { |r, map| raw.concat(Native.remap_raw(r[:raw], map)) }
-      merged[:raw] = raw
-      merged[:raw_lines] = list.flat_map { |r| r[:raw_lines] || [] } if list.all? { |r| r[:raw_lines] }
-      PER_SAMPLE_KEYS.each do |key|
-        merged[key] = list.flat_map { |r| r[key] } if list.all? { |r| r[key].is_a?(Array) }
       end
     end
   end

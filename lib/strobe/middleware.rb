@@ -538,10 +538,11 @@ module Strobe
     # be told apart: Ruby's M:N threads share native ones).
     def request_samples(snapshot, threads, from, to)
       info = snapshot && snapshot[:threads]&.fetch(threads.first, nil)
-      return nil unless info && !info[:mn] && snapshot[:raw]
+      return nil unless info && !info[:mn] && Stacks.samples?(snapshot)
 
       result = Native.windows_subset(snapshot, threads.uniq.map { |thread| [thread, from, to] })
-      result[:threads].select! { |id, _| id == threads.first || result[:raw_sample_threads].include?(id) }
+      sampled = result[:stacks].is_a?(Stacks) ? result[:stacks].sampled_thread_ids : result[:raw_sample_threads]
+      result[:threads].select! { |id, _| id == threads.first || sampled.include?(id) }
       result[:samples].positive? ? result : nil
     end
 

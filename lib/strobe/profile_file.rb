@@ -248,7 +248,7 @@ module Strobe
         frames: frames.map { |id, frame| encode_frame(id, frame) },
         threads: threads.map { |id, info| encode_thread(id, info) },
       }
-      doc[:stacks] = encode_stacks(result, frame_pos, threads) if result[:raw]
+      doc[:stacks] = encode_stacks(result, frame_pos, threads) if result[:stacks].is_a?(Stacks) || result[:raw]
       doc[:markers] = Markers.encode(result[:markers]) if result[:markers]
       result.each { |key, value| doc[key] = value unless doc.key?(key) || RAW_KEYS.include?(key) || %i[stacks markers].include?(key) }
       doc
@@ -290,11 +290,21 @@ module Strobe
       out
     end
 
+    # The stacks section: from the result's compact form, without its raw
+    # arrays ever being built; or from the raw arrays of a result that has
+    # only those (stackprof's, a merge's).
     def encode_stacks(result, frame_pos, threads)
+      thread_pos = threads.keys.each_with_index.to_h
+      if (compact = result[:stacks]).is_a?(Stacks)
+        nodes, samples, deltas, sample_threads, states, start = compact.to_file(frame_pos, thread_pos)
+        stacks = { start_time: start, nodes: nodes, samples: samples, deltas: deltas, threads: sample_threads }
+        stacks[:states] = states unless states.empty?
+        return stacks
+      end
+
       stamps = result[:raw_sample_timestamps]
       deltas = result[:raw_timestamp_deltas]
       start = stamps&.first ? stamps.first - (deltas&.first || 0) : 0
-      thread_pos = threads.keys.each_with_index.to_h
       sample_threads = result[:raw_sample_threads]
       nodes, samples, sample_deltas, sample_thread_pos, states =
         Native.compact(result[:raw], result[:raw_lines], stamps, sample_threads, result[:raw_sample_states],
@@ -450,8 +460,21 @@ module Strobe
       end
       result[:threads] = decode_stackprof_threads(doc[:threads], name) if doc.key?(:threads)
       # Markers are Strobe's own file form (decode); stackprof has none.
-      (doc.keys - result.keys - %i[markers dropped_markers]).each { |key| result[key] = doc[key] }
-      check_raw_counts(result, name, stored)
+      (doc.keys - result.keys - %i[markers dropped_markers stacks]).each { |key| result[key] = doc[key] }
+      stacks = doc[:stacks]
+      return check_raw_counts(result, name, stored) unless stacks.is_a?(Hash) && stacks[:frame_ids].is_a?(Array)
+
+      # JSON.generate of a Strobe result: its samples as Stacks#to_json
+      # wrote them (ids, not positions).
+      RAW_KEYS.each { |key| result.delete(key) }
+      begin
+        Native.expand(result, stacks[:nodes], stacks[:frame_ids], stacks[:samples], stacks[:deltas] || [],
+                      stacks[:start_time] || 0, stacks[:threads] || [], Array(stacks[:thread_ids]),
+                      stacks[:states] || [], stored)
+      rescue ProfileError => e
+        raise ProfileError, "#{name}: #{e.message}"
+      end
+      result
     end
 
     # The threads of a result saved as JSON (`strobe report --json`, or

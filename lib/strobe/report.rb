@@ -198,7 +198,7 @@ module Strobe
       check_limit(limit)
       return print_trace_files(io, limit: limit) if trace?
 
-      list = if @result[:raw].is_a?(Array)
+      list = if Stacks.samples?(@result)
                Native.report_files(source_files.resolve_frames(@result), kept_ids)
              else
                frames.values.group_by { |f| source_file(f) }.map { |file, fs| [file, nil, fs.sum { |f| f[:samples].to_i }] }
@@ -307,10 +307,10 @@ module Strobe
     end
 
     # The result as JSON, in stackprof's layout (what `stackprof --json`
-    # writes).
+    # writes): with the raw arrays stackprof's tools read, built here.
     def print_json(io = $stdout)
       require "json"
-      io.puts JSON.generate(@result, max_nesting: false)
+      io.puts JSON.generate(Strobe.expand(@result), max_nesting: false)
     end
 
     # A self-contained HTML flamegraph (no network access needed): zoom,

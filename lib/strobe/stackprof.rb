@@ -123,7 +123,7 @@ module StackProf
 
       settings = @pending.take
       native[:metadata] = settings[:metadata] || {}
-      result = native.slice(*RESULT_KEYS)
+      result = Strobe.expand(native).slice(*RESULT_KEYS)
       target = out || settings[:out]
       target ? dump(result, target) : result
     end

@@ -110,9 +110,10 @@ class TestHostileFiles < Minitest::Test
 
   # The review's files: 24 KB (10,000 deep, 10,000 samples: 1.6 GB when
   # expanded) and 47 KB (20,000 deep, 40,000 samples: 13 GB); a column of
-  # zero deltas under a 380-deep chain (1.2 GB from 3 KB); and a stackprof
-  # result claiming a billion samples in one run. One line each, in bounded
-  # memory.
+  # zero deltas under a 380-deep chain (1.2 GB from 3 KB): reported from
+  # their compact form in bounded memory, and one line for what would
+  # expand them (stackprof's JSON layout). A stackprof result claiming a
+  # billion samples in one run: one line.
   def test_small_files_describing_huge_profiles
     Dir.mktmpdir do |dir|
       files = {
@@ -124,8 +125,15 @@ class TestHostileFiles < Minitest::Test
         path = File.join(dir, name)
         File.binwrite(path, Zlib.gzip(JSON.generate(doc), level: 9))
         out, err, status = report_limited(path)
+        assert_equal [0, ""], [status.exitstatus, err], name
+        assert_match(/Samples: #{doc[:samples]} /, out, name)
+        %w[--stackcollapse --flamegraph --pprof].each do |format|
+          _, err, status = report_limited(path, format, "-o", File.join(dir, "out"))
+          assert_equal [0, ""], [status.exitstatus, err], "#{name} #{format}"
+        end
+        out, err, status = report_limited(path, "--json")
         assert_equal [1, "", 1], [status.exitstatus, out, err.lines.size], "#{name}: #{err[0, 600]}"
-        assert_match(/\Astrobe: cannot read profile #{Regexp.escape(path)}: its \d+ samples' stacks would expand to /, err)
+        assert_match(/\Astrobe: cannot report on #{Regexp.escape(path)}: its \d+ samples' stacks would expand to /, err)
       end
       path = File.join(dir, "stackprof.json")
       File.write(path, JSON.generate(mode: "wall", interval: 1000, samples: 10**9, frames: { "1" => { name: "x" } },

@@ -137,16 +137,10 @@ module Strobe
                        node_fraction: 0.005, out: nil, stream: @out, marshal: false, walk: false)
         raise UsageError, "report: --walk goes with --method NAME" if walk && format != :method
 
-        results = []
-        paths.each do |path|
-          result = load_profile(path, marshal: marshal)
-          return 1 unless result # its one error line is printed
-
-          results << result
-        end
-
+        # Each file loaded as the merge reaches it, and let go once merged.
+        results = paths.lazy.map { |path| load_profile(path, marshal: marshal) || throw(:unreadable) }
         begin
-          result = Merge.results(results, paths)
+          result = catch(:unreadable) { Merge.results(results, paths) } || (return 1) # its one error line is printed
           report = Report.new(result, thread: thread, endpoint: endpoint, **filters)
           write_report(out, stream) do |io|
             if walk
@@ -174,8 +168,8 @@ module Strobe
         when :graphviz then report.print_graphviz(io, node_fraction: node_fraction, limit: limit)
         when :timeline_flamegraph then report.print_flamegraph(io, view: :timeline)
         when :alphabetical_flamegraph, :d3_flamegraph then report.print_flamegraph(io, view: :aggregated)
-        when :dump then io.puts Marshal.dump(report.result)
-        when :debug then PP.pp(report.result, io)
+        when :dump then io.puts Marshal.dump(Strobe.expand(report.result))
+        when :debug then PP.pp(Strobe.expand(report.result), io)
         else report.public_send("print_#{format}", io)
         end
         0

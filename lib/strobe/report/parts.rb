@@ -15,7 +15,7 @@ module Strobe
       def thread_result(result, thread)
         ids = thread_ids(result, thread)
         refuse_trace(result, "a report for one thread")
-        unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array)
+        unless Stacks.samples?(result, :threads)
           raise ArgumentError, "a report for one thread needs per-sample data: profile with raw: true (strobe run --raw)"
         end
         return Native.thread_subset(result, ids.first) if ids.size == 1
@@ -65,7 +65,7 @@ module Strobe
           raise ArgumentError, printable("no request to endpoint #{endpoint.inspect} in this profile (endpoints: #{known})")
         end
         refuse_trace(result, "a report for one endpoint")
-        unless result[:raw].is_a?(Array) && result[:raw_sample_threads].is_a?(Array) && result[:raw_sample_timestamps].is_a?(Array)
+        unless Stacks.samples?(result, :threads, :times)
           raise ArgumentError, "a report for one endpoint needs per-sample data: profile with raw: true (strobe run --raw)"
         end
 

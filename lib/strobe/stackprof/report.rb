@@ -134,7 +134,7 @@ module StackProf
     end
 
     def print_dump(f = $stdout)
-      f.puts Marshal.dump(@data.reject { |key, _| key == :files })
+      f.puts Marshal.dump(Strobe.expand(@data).reject { |key, _| key == :files })
     end
 
     def print_json(f = $stdout)
@@ -142,7 +142,7 @@ module StackProf
     end
 
     def print_stackcollapse
-      raise NO_RAW unless @data[:raw]
+      raise NO_RAW unless Strobe::Stacks.samples?(@data)
 
       strobe.print_stackcollapse($stdout)
     end
@@ -159,7 +159,7 @@ module StackProf
     # alphabetical, its aggregated one. skip_common is accepted: the viewer
     # zooms instead.
     def print_flamegraph(f, _skip_common = true, alphabetical = false)
-      raise NO_RAW unless @data[:raw]
+      raise NO_RAW unless Strobe::Stacks.samples?(@data)
 
       strobe.print_flamegraph(f, view: alphabetical ? :aggregated : :timeline)
     end
@@ -223,7 +223,7 @@ module StackProf
       raise ArgumentError, "cannot combine v#{version} with v#{other.version}" unless version == other.version
 
       merged = Strobe::Merge.results([@data, other.data])
-      self.class.new(merged.except(:threads, :raw_sample_threads, :raw_sample_states))
+      self.class.new(Strobe.expand(merged).except(:threads, :raw_sample_threads, :raw_sample_states))
     end
 
     private
