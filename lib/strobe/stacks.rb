@@ -24,6 +24,7 @@ module Strobe
 
       stacks = result[:stacks]
       next nil unless stacks.is_a?(Stacks)
+      next stacks.raw_arrays[key] if result.frozen? # (built each time: nowhere to keep them)
 
       result.default_proc = nil
       result.merge!(stacks.raw_arrays) { |_, mine, _| mine }
