@@ -210,6 +210,9 @@ class TestToggle < Minitest::Test
     assert_equal [[0, 3]], descend_ids.map { |id| counts[id] }, "one line of code, total once per sample"
     edges = graph.lines.map { |line| line.split(",").map(&:to_i) }
     assert_includes edges, [descend_ids.first, descend_ids.first, 3], "direct recursion is id,id"
-    assert_raises(ArgumentError) { Strobe::SamplingProf.write(result.except(:raw), StringIO.new) }
+    assert_raises(ArgumentError) { Strobe::SamplingProf.write(result.except(:raw, :stacks), StringIO.new) }
+    expanded = StringIO.new
+    Strobe::SamplingProf.write(Strobe.expand(result), expanded)
+    assert_equal io.string, expanded.string, "the same from the raw arrays as from the compact form"
   end
 end

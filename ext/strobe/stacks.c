@@ -333,6 +333,40 @@ stacks_sampled_thread_ids(VALUE self)
     return out;
 }
 
+/* Strobe::Stacks#nodes -> [parents, frame_ids, lines, samples]: per node
+ * (0 the root, a parent before its children) its parent, its frame's id,
+ * its line and the samples whose stack ends there: the distinct stacks of
+ * the profile, each with its weight, for a report written in Ruby. */
+static VALUE
+stacks_nodes(VALUE self)
+{
+    const strobe_stacks_t *s = stacks_of(self);
+    VALUE buffer;
+    uint64_t *count = ALLOCV_N(uint64_t, buffer, s->nodes_len);
+    memset(count, 0, sizeof(uint64_t) * s->nodes_len);
+    for (size_t k = 0; k < s->n; k++) count[s->node[k]]++;
+    VALUE parents = rb_ary_new_capa(s->nodes_len), frames = rb_ary_new_capa(s->nodes_len),
+          lines = rb_ary_new_capa(s->nodes_len), samples = rb_ary_new_capa(s->nodes_len);
+    for (uint32_t i = 0; i < s->nodes_len; i++) {
+        rb_ary_push(parents, i ? UINT2NUM(s->nodes[i].parent) : Qnil);
+        rb_ary_push(frames, i ? RARRAY_AREF(s->frame_ids, s->nodes[i].frame) : Qnil);
+        rb_ary_push(lines, INT2NUM(s->nodes[i].line));
+        rb_ary_push(samples, ULL2NUM(count[i]));
+    }
+    ALLOCV_END(buffer);
+    return rb_ary_new_from_args(4, parents, frames, lines, samples);
+}
+
+/* Strobe::Stacks#time_span -> [first, last] sample times (nil without
+ * times or samples). */
+static VALUE
+stacks_time_span(VALUE self)
+{
+    const strobe_stacks_t *s = stacks_of(self);
+    if (!s->time || !s->n) return Qnil;
+    return rb_assoc_new(LL2NUM(s->time[0]), LL2NUM(s->time[s->n - 1]));
+}
+
 /* Strobe::Stacks#times?, #threads?, #states?: whether its samples have
  * that column. */
 static VALUE
@@ -366,6 +400,8 @@ strobe_stacks_define(VALUE mStrobe)
     rb_define_method(cStacks, "frame_ids", stacks_frame_ids, 0);
     rb_define_method(cStacks, "thread_ids", stacks_thread_ids, 0);
     rb_define_method(cStacks, "sampled_thread_ids", stacks_sampled_thread_ids, 0);
+    rb_define_method(cStacks, "nodes", stacks_nodes, 0);
+    rb_define_method(cStacks, "time_span", stacks_time_span, 0);
     rb_define_method(cStacks, "times?", stacks_times_p, 0);
     rb_define_method(cStacks, "threads?", stacks_threads_p, 0);
     rb_define_method(cStacks, "states?", stacks_states_p, 0);

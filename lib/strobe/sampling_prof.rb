@@ -16,14 +16,15 @@ module Strobe
   #                    direct recursion is id,id)
   #
   # Needs per-sample data (raw: true): call elements are (frame, line) pairs
-  # read off the raw stacks.
+  # read off the distinct stacks (from the compact form, or the raw arrays
+  # of a result that has only those), each weighted by its samples.
   module SamplingProf
     module_function
 
     def write(result, io)
-      raw = result[:raw]
-      lines = result[:raw_lines]
-      unless raw.is_a?(Array) && lines.is_a?(Array) && lines.size == raw.size
+      compact = result[:stacks]
+      unless compact.is_a?(Stacks) || (result[:raw].is_a?(Array) && result[:raw_lines].is_a?(Array) &&
+                                       result[:raw_lines].size == result[:raw].size)
         raise ArgumentError, "the SamplingProf format needs per-sample data: profile with raw: true (strobe run --raw)"
       end
 
@@ -31,7 +32,8 @@ module Strobe
       ids = {}
       counts = Hash.new { |h, k| h[k] = [0, 0] }
       calls = Hash.new(0)
-      each_stack(raw, lines) do |stack, weight|
+      stacks = compact.is_a?(Stacks) ? each_distinct_stack(compact) : to_enum(:each_stack, result[:raw], result[:raw_lines])
+      stacks.each do |stack, weight|
         elements = stack.map { |frame, line| ids[[frame, line]] ||= ids.size }
         counts[elements.last][0] += weight
         elements.uniq.each { |e| counts[e][1] += weight }
@@ -44,6 +46,25 @@ module Strobe
       io.write("\n")
       io.write(calls.map { |(from, to), n| "#{from},#{to},#{n}\n" }.join)
       io
+    end
+
+    # Yields each distinct stack of a compact form that samples end on,
+    # root first, as [[frame id, line], ...], with its samples.
+    def each_distinct_stack(stacks)
+      return to_enum(__method__, stacks) unless block_given?
+
+      parents, frame_ids, lines, samples = stacks.nodes
+      samples.each_with_index do |weight, leaf|
+        next unless leaf.positive? && weight.positive?
+
+        stack = []
+        node = leaf
+        while node.positive?
+          stack << [frame_ids[node], lines[node]]
+          node = parents[node]
+        end
+        yield stack.reverse!, weight
+      end
     end
 
     # Yields each raw stack, root first, as [[frame id, line], ...], with its
@@ -74,8 +95,9 @@ module Strobe
         return ProfileFile.count(result[:samples], "samples") * interval / 1000
       end
 
-      stamps = result[:raw_sample_timestamps]
-      stamps.is_a?(Array) && stamps.size > 1 ? (stamps.last - stamps.first) / 1000 : 0
+      compact = result[:stacks]
+      first, last = compact.is_a?(Stacks) ? compact.time_span : result[:raw_sample_timestamps]&.values_at(0, -1)
+      first.is_a?(Integer) && last.is_a?(Integer) ? (last - first) / 1000 : 0
     end
   end
 end
