@@ -86,6 +86,17 @@ class TestFlamegraph < Minitest::Test
     data[:tree][:self].each_with_index { |count, n| assert_equal count, self_total[n] }
   end
 
+  # The timeline's runs are bounded (200,000 for all lanes): a profile
+  # whose stack changes at every sample is downsampled, each bucket of time
+  # drawn with its most sampled run, every sample still counted.
+  def test_the_timeline_is_downsampled_past_its_bound
+    result = Strobe.run(mode: :custom, raw: true) { 250_000.times { |i| i.even? ? Strobe.sample : [1].each { Strobe.sample } } }
+    lane = only(Strobe::Flamegraph.new(Strobe::Report.new(result)).data[:lanes])
+    assert_operator lane[:runs][:node].size, :<=, 200_000
+    assert_equal 250_000, lane[:runs][:count].sum
+    lane[:runs][:start].zip(lane[:runs][:end]).each_cons(2) { |(s0, e0), (s1, _)| assert_operator e0, :<=, s1 if s0 < s1 }
+  end
+
   # Profiles recorded an hour apart, merged: the hour is cut out of the
   # axis, leaving a short break, so both stay readable.
   def test_a_long_stretch_without_samples_is_a_break

@@ -26,9 +26,16 @@
 #include "flamegraph.h"
 #include "samples.h"
 #include <stdlib.h>
+#include <string.h>
 
 /* Longer stretches without samples are drawn as a break (1 minute). */
 #define STROBE_FLAME_GAP_US ((int64_t)60 * 1000 * 1000)
+/* The timeline's runs, all lanes together, are at most this many: a lane
+ * with more is downsampled (see downsample), so the page's size and
+ * drawing are bounded by the tree and this, not by the samples. */
+#define STROBE_FLAME_MAX_RUNS 200000
+/* ... and a lane keeps at least this many (some thousand pixels, zoomed). */
+#define STROBE_FLAME_MIN_LANE_RUNS 4000
 
 typedef struct {
     uint32_t node, count;
@@ -194,6 +201,38 @@ lane_runs(flame_t *f, const strobe_samples_t *s, const size_t *order, size_t fir
     }
 }
 
+/* Lane runs [first, runs_len) down to at most max: the lane's time split
+ * into max equal buckets, each keeping the run with the most samples in
+ * it (its node drawn over the whole bucket, the bucket's samples counted
+ * on it), as a screen shows one stack per pixel. A run belongs to the
+ * bucket its start falls in; runs apart stay apart (a bucket starts at its
+ * first run and ends at its last's end). */
+static void
+downsample(flame_t *f, size_t first, size_t max)
+{
+    size_t len = f->runs_len - first;
+    if (len <= max || max == 0) return;
+    flame_run_t *runs = f->runs + first;
+    int64_t from = runs[0].start, to = runs[len - 1].end;
+    double width = (double)(to - from) / (double)max;
+    if (!(width > 0)) width = 1;
+    size_t out = 0;
+    for (size_t i = 0; i < len;) {
+        size_t bucket = (size_t)((double)(runs[i].start - from) / width);
+        int64_t start = runs[i].start, end = runs[i].end;
+        uint32_t node = runs[i].node, most = 0;
+        uint64_t total = 0;
+        /* (Written at out, which is at most the bucket's first run: read already.) */
+        for (; i < len && (size_t)((double)(runs[i].start - from) / width) == bucket; i++) {
+            total += runs[i].count;
+            if (runs[i].count > most) { most = runs[i].count; node = runs[i].node; }
+            if (runs[i].end > end) end = runs[i].end;
+        }
+        runs[out++] = (flame_run_t){ node, total > UINT32_MAX ? UINT32_MAX : (uint32_t)total, start, end };
+    }
+    f->runs_len = first + out;
+}
+
 static int
 time_mode(VALUE result)
 {
@@ -238,6 +277,25 @@ flamegraph_data(report_t *r)
         rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
         rb_ary_push(samples, SIZET2NUM(starts[t + 1] - starts[t]));
         if (starts[t + 1] > starts[t]) lane_runs(f, s, order, starts[t], starts[t + 1], step, self_node, self_count);
+    }
+    /* Past STROBE_FLAME_MAX_RUNS, each lane gets an equal share of them
+     * (at least STROBE_FLAME_MIN_LANE_RUNS), its runs bucketed to fit. */
+    if (f->runs_len > STROBE_FLAME_MAX_RUNS) {
+        size_t share = STROBE_FLAME_MAX_RUNS / (size_t)(threads ? threads : 1);
+        if (share < STROBE_FLAME_MIN_LANE_RUNS) share = STROBE_FLAME_MIN_LANE_RUNS;
+        size_t kept = 0;
+        for (long t = 0; t < threads; t++) {
+            size_t first = lane_first[t], last = t + 1 < threads ? lane_first[t + 1] : f->runs_len;
+            /* Move the lane down to where the kept runs end, then bucket it. */
+            memmove(f->runs + kept, f->runs + first, (last - first) * sizeof(flame_run_t));
+            size_t saved = f->runs_len;
+            f->runs_len = kept + (last - first);
+            downsample(f, kept, share);
+            lane_first[t] = kept;
+            kept = f->runs_len;
+            f->runs_len = saved;
+        }
+        f->runs_len = kept;
     }
     lane_first[threads] = f->runs_len;
     rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
