@@ -300,9 +300,10 @@ expand_body(VALUE arg)
     uint64_t numbers = (uint64_t)nodes_flat + (uint64_t)n + (uint64_t)deltas_len + (uint64_t)threads_len +
                        (uint64_t)states_len;
     uint64_t limit = strobe_expand_limit(numbers, a->stored);
-    VALUE stacks = strobe_stacks_new(b->nodes, (uint32_t)nodes_len, a->frame_ids, (size_t)n, b->sample_nodes,
-                                     deltas_len ? b->times : NULL, a->thread_ids, threads_len ? b->threads : NULL,
-                                     states_len ? b->states : NULL, start);
+    /* The columns become the profile's as they are: no copy. */
+    VALUE stacks = strobe_stacks_adopt(&b->nodes, (uint32_t)nodes_len, a->frame_ids, (size_t)n, &b->sample_nodes,
+                                       deltas_len ? &b->times : NULL, a->thread_ids, threads_len ? &b->threads : NULL,
+                                       states_len ? &b->states : NULL, start);
     /* Reports and exports read the compact form as it is; only the raw
      * arrays, if asked for, would expand past the limit. */
     if (entries > limit)

@@ -104,6 +104,24 @@ check(const strobe_node_t *nodes, uint32_t nodes_len, long frames, size_t n, con
     }
 }
 
+/* A new, empty Strobe::Stacks (the GC frees whatever columns it is then
+ * given, should a later step raise). */
+static VALUE
+stacks_make(VALUE frame_ids, VALUE thread_ids, uint32_t nodes_len, size_t n, int64_t start_us, strobe_stacks_t **out)
+{
+    strobe_stacks_t *s;
+    VALUE obj = TypedData_Make_Struct(cStacks, strobe_stacks_t, &stacks_type, s);
+    s->raw_refusal = Qnil;
+    s->frame_ids = s->thread_ids = Qnil;
+    s->frame_ids = rb_ary_dup(frame_ids);
+    s->thread_ids = rb_ary_dup(thread_ids);
+    s->start_us = start_us;
+    s->nodes_len = nodes_len;
+    s->n = n;
+    *out = s;
+    return obj;
+}
+
 VALUE
 strobe_stacks_new(const strobe_node_t *nodes, uint32_t nodes_len, VALUE frame_ids, size_t n,
                   const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
@@ -113,18 +131,33 @@ strobe_stacks_new(const strobe_node_t *nodes, uint32_t nodes_len, VALUE frame_id
     if (!nodes_len) { nodes = &root; nodes_len = 1; }
     check(nodes, nodes_len, RARRAY_LEN(frame_ids), n, sample_nodes, RARRAY_LEN(thread_ids), threads, states);
     strobe_stacks_t *s;
-    VALUE obj = TypedData_Make_Struct(cStacks, strobe_stacks_t, &stacks_type, s);
-    s->raw_refusal = Qnil;
-    s->frame_ids = rb_ary_dup(frame_ids);
-    s->thread_ids = rb_ary_dup(thread_ids);
-    s->start_us = start_us;
+    VALUE obj = stacks_make(frame_ids, thread_ids, nodes_len, n, start_us, &s);
     s->nodes = copy_of(nodes, nodes_len, sizeof(strobe_node_t));
-    s->nodes_len = nodes_len;
     s->node = copy_of(sample_nodes ? sample_nodes : (const uint32_t *)"", n, sizeof(uint32_t));
-    s->n = n;
     s->time = copy_of(times, n, sizeof(int64_t));
     s->thread = copy_of(threads, n, sizeof(uint16_t));
     s->state = copy_of(states, n, 1);
+    RB_OBJ_FREEZE(obj);
+    return obj;
+}
+
+VALUE
+strobe_stacks_adopt(strobe_node_t **nodes, uint32_t nodes_len, VALUE frame_ids, size_t n, uint32_t **sample_nodes,
+                    int64_t **times, VALUE thread_ids, uint16_t **threads, uint8_t **states, int64_t start_us)
+{
+    if (!nodes_len) rb_raise(strobe_eProfileError, "stacks without a root node");
+    check(*nodes, nodes_len, RARRAY_LEN(frame_ids), n, *sample_nodes, RARRAY_LEN(thread_ids),
+          threads ? *threads : NULL, states ? *states : NULL);
+    strobe_stacks_t *s;
+    VALUE obj = stacks_make(frame_ids, thread_ids, nodes_len, n, start_us, &s);
+    /* Nothing raises from here: the buffers change hands whole. */
+    s->nodes = *nodes;
+    *nodes = NULL;
+    s->node = *sample_nodes;
+    *sample_nodes = NULL;
+    if (times) { s->time = *times; *times = NULL; }
+    if (threads) { s->thread = *threads; *threads = NULL; }
+    if (states) { s->state = *states; *states = NULL; }
     RB_OBJ_FREEZE(obj);
     return obj;
 }

@@ -27,6 +27,12 @@ typedef struct {
 VALUE strobe_stacks_new(const strobe_node_t *nodes, uint32_t nodes_len, VALUE frame_ids, size_t n,
                         const uint32_t *sample_nodes, const int64_t *times, VALUE thread_ids,
                         const uint16_t *threads, const uint8_t *states, int64_t start_us);
+/* The same, taking the malloc'd buffers given instead of copying them:
+ * each pointer given is set to NULL once its buffer is the new object's
+ * (times, threads and states may be NULL, or point to NULL). On an error
+ * (a malformed index, no memory) nothing has changed hands. */
+VALUE strobe_stacks_adopt(strobe_node_t **nodes, uint32_t nodes_len, VALUE frame_ids, size_t n, uint32_t **sample_nodes,
+                          int64_t **times, VALUE thread_ids, uint16_t **threads, uint8_t **states, int64_t start_us);
 /* Sets result[:stacks] = stacks, and has the stackprof raw arrays built
  * from it when one is first read (Strobe::Stacks::RAW, a default proc). */
 void strobe_stacks_attach(VALUE result, VALUE stacks);

@@ -127,7 +127,7 @@ module Strobe
       if marshal && bytes.start_with?(ProfileFile::MARSHAL_MAGIC)
         @err.puts "strobe: warning: loading #{name} with Marshal, which can run code from the file"
       end
-      result = ProfileFile.parse(bytes, name, marshal: marshal)
+      result = ProfileFile.parse(bytes, name, marshal: marshal, owned: true)
       Report.new(result) # checks the shape
       result
     end

@@ -133,7 +133,7 @@ module Strobe
     # marshal: true also loads a Marshal dump (what stackprof writes); only
     # for files one trusts, since loading Marshal data can run code.
     def read(path, marshal: false)
-      parse(read_bytes(path), path.to_s, marshal: marshal)
+      parse(read_bytes(path), path.to_s, marshal: marshal, owned: true)
     rescue SystemCallError => e
       raise ProfileError, "#{path}: #{e.message.sub(/ @ \w+ - .*\z/, '')}"
     end
@@ -166,12 +166,16 @@ module Strobe
 
     # Parses the bytes of a profile file. name is used in error messages.
     # How far its samples may expand depends on its size as stored
-    # (gzipped or not; see compact.c).
-    def parse(bytes, name = "profile", marshal: false)
+    # (gzipped or not; see compact.c). owned: the String is the caller's to
+    # give up: emptied once parsed, to hold less at once.
+    def parse(bytes, name = "profile", marshal: false, owned: false)
       raise ProfileError, "#{name}: file is empty" if bytes.empty?
 
       stored = bytes.bytesize
-      bytes = gunzip(bytes, name) if bytes.start_with?(GZIP_MAGIC)
+      if bytes.start_with?(GZIP_MAGIC)
+        bytes = gunzip(bytes, name)
+        owned = true
+      end
       if bytes.start_with?(MARSHAL_MAGIC)
         return load_marshal(bytes, name, stored) if marshal
 
@@ -183,6 +187,10 @@ module Strobe
       rescue JSON::ParserError, EncodingError
         raise ProfileError, "#{name}: not valid JSON (truncated or corrupt)"
       end
+      # The text is parsed: its memory goes back now, not at the next GC
+      # (a profile's text, its parsed columns and its compact form would
+      # otherwise all be held at once). The caller's String is left alone.
+      bytes.clear if owned
       raise ProfileError, "#{name}: not a profile (expected a JSON object)" unless doc.is_a?(Hash)
 
       begin
@@ -438,6 +446,8 @@ module Strobe
       Native.expand(result, stacks[:nodes], frames_list.map { |f| f[:id] }, stacks[:samples],
                     stacks[:deltas] || [], stacks[:start_time] || 0, stacks[:threads] || [],
                     threads_list.map { |t| t[:id] }, stacks[:states] || [], stored)
+      # The columns are in the compact form now: theirs go back at once.
+      %i[nodes samples deltas threads states].each { |column| stacks[column].clear if stacks[column].is_a?(Array) }
       result
     rescue ProfileError => e
       raise ProfileError, "#{name}: #{e.message}"
