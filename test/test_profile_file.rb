@@ -222,6 +222,65 @@ class TestProfileFile < Minitest::Test
     assert_corrupt JSON.generate(wrong_type), /samples is not an array/
   end
 
+  # A Strobe file's samples are read from its text in C (json_columns.c);
+  # the rest of it, or a file the scanner does not vouch for, by JSON.parse.
+  def test_samples_read_from_the_text_load_as_parsed_ones
+    doc = Strobe::ProfileFile.encode(profile(60))
+    text = JSON.generate(doc)
+    range = Strobe::Native.stacks_range(text)
+    refute_nil range
+    assert_equal JSON.generate(doc[:stacks]), text.byteslice(range[0]...range[1])
+    parsed = Strobe::ProfileFile.send(:decode, JSON.parse(text, symbolize_names: true), "p")
+    from_text = Strobe::ProfileFile.parse(text.dup, "p")
+    assert_equal Strobe.expand(parsed), Strobe.expand(from_text)
+    # Whitespace anywhere, and the keys in another order, read the same.
+    pretty = JSON.pretty_generate(doc.merge(stacks: doc[:stacks].to_a.reverse.to_h))
+    refute_nil Strobe::Native.stacks_range(pretty)
+    assert_equal Strobe.expand(parsed), Strobe.expand(Strobe::ProfileFile.parse(pretty, "p"))
+    # What the scanner leaves to JSON.parse: not Strobe's file, a key
+    # written with escapes, stacks twice, stacks not an object.
+    assert_nil Strobe::Native.stacks_range(JSON.generate(doc.except(:strobe_file)))
+    escaped = text.sub('"stacks":', '"st\\u0061cks":')
+    assert_nil Strobe::Native.stacks_range(escaped)
+    assert_equal Strobe.expand(parsed), Strobe.expand(Strobe::ProfileFile.parse(escaped, "p"))
+    assert_nil Strobe::Native.stacks_range(text.sub("{", '{"stacks":{},'))
+    assert_nil Strobe::Native.stacks_range(text.sub(/"stacks":\{/, '"stacks":[{').sub(/\}\}\z/, "}]}"))
+    assert_nil Strobe::Native.stacks_range(text[0..-2])
+    assert_nil Strobe::Native.stacks_range("#{text}x")
+  end
+
+  def test_columns_read_from_the_text_are_checked
+    doc = Strobe::ProfileFile.encode(profile)
+    text = JSON.generate(doc)
+    samples = JSON.generate(doc[:stacks][:samples])
+    column = ->(value) { text.sub("\"samples\":#{samples}", "\"samples\":#{value}") }
+    first = doc[:stacks][:samples].first
+    rest = doc[:stacks][:samples].drop(1).join(",")
+    assert_corrupt column.call("[#{first}.0,#{rest}]"), /samples\[0\] is not an integer in range/
+    assert_corrupt column.call("[#{first}e0,#{rest}]"), /samples\[0\] is not an integer in range/
+    assert_corrupt column.call("[#{first},\"2\"]"), /samples\[1\] is not an integer in range/
+    assert_corrupt column.call("[#{first},[2]]"), /samples\[1\] is not an integer in range/
+    assert_corrupt column.call("[#{first},#{'9' * 19}]"), /samples\[1\] is not an integer in range/
+    # Bad syntax is left to JSON.parse, which says so.
+    assert_corrupt column.call("[#{first},,#{rest}]"), /not valid JSON/
+    assert_corrupt column.call("[#{first} #{rest}]"), /not valid JSON/
+    assert_corrupt column.call("{}"), /samples is not an array/
+    assert_corrupt column.call("null"), /samples is not an array/
+    # Negative and leading-zero numbers: the first is read (and refused as
+    # a node), the second is not JSON.
+    assert_corrupt column.call("[-1,#{rest}]"), /sample 0 refers to node -1/
+    assert_corrupt column.call("[01,#{rest}]"), /samples\[0\] is not an integer in range/
+    # The optional columns may be null or absent, as parsed files have them.
+    deltas = JSON.generate(doc[:stacks][:deltas])
+    no_deltas = Strobe::ProfileFile.parse(text.sub("\"deltas\":#{deltas}", '"deltas":null'), "p")
+    assert_nil Strobe.expand(no_deltas)[:raw_sample_timestamps]
+    assert_equal doc[:samples], no_deltas[:samples]
+    assert_corrupt text.sub(/"start_time":\d+/, '"start_time":1.5'), /start_time is not an integer in range/
+    # Unknown keys in the section are skipped, whatever they hold.
+    extra = text.sub('"stacks":{', '"stacks":{"later":{"a":[1,{"b":"}]"}]},')
+    assert_equal Strobe.expand(Strobe::ProfileFile.parse(text.dup, "p")), Strobe.expand(Strobe::ProfileFile.parse(extra, "p"))
+  end
+
   # --- saving safely (issue 18) ---
 
   # A file of root's that a planted symlink points to, as in the report:

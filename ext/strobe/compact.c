@@ -49,6 +49,7 @@
 #include "results.h"
 #include "sampling.h"
 #include "stack_table.h"
+#include "json_columns.h"
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,7 +228,9 @@ free_buffers(VALUE arg)
 
 typedef struct {
     expand_buffers_t *b;
-    VALUE result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states;
+    VALUE result, frame_ids, thread_ids;
+    strobe_column_t nodes, samples, deltas, threads, states; /* from Arrays or from a file's text */
+    long start_time;
     uint64_t stored;         /* the file's size as stored, 0 if not known */
 } expand_args_t;
 
@@ -236,7 +239,7 @@ expand_body(VALUE arg)
 {
     expand_args_t *a = (expand_args_t *)arg;
     expand_buffers_t *b = a->b;
-    long nodes_flat = array_len(a->nodes, "nodes");
+    long nodes_flat = a->nodes.len;
     if (nodes_flat % 3) CORRUPT("nodes is not a list of (parent, frame, line) triples");
     long nodes_len = nodes_flat / 3 + 1; /* plus the root */
     long frames_len = array_len(a->frame_ids, "frames");
@@ -246,9 +249,9 @@ expand_body(VALUE arg)
     b->depth = calloc((size_t)nodes_len, sizeof(uint32_t));
     if (!b->nodes || !b->depth) rb_memerror();
     for (long k = 1; k < nodes_len; k++) {
-        long parent = strobe_fixnum_at(a->nodes, (k - 1) * 3, "nodes");
-        long frame = strobe_fixnum_at(a->nodes, (k - 1) * 3 + 1, "nodes");
-        long line = strobe_fixnum_at(a->nodes, (k - 1) * 3 + 2, "nodes");
+        long parent = strobe_column_next(&a->nodes);
+        long frame = strobe_column_next(&a->nodes);
+        long line = strobe_column_next(&a->nodes);
         if (parent < 0 || parent >= k) CORRUPT("node %ld has parent %ld, not an earlier node", k, parent);
         if (frame < 0 || frame >= frames_len) CORRUPT("node %ld refers to frame %ld of %ld", k, frame, frames_len);
         if (line < INT32_MIN || line > INT32_MAX) CORRUPT("node %ld has line %ld", k, line);
@@ -256,13 +259,13 @@ expand_body(VALUE arg)
         b->depth[k] = b->depth[parent] + 1; /* at most k: no overflow */
     }
 
-    long n = array_len(a->samples, "samples");
-    long deltas_len = array_len(a->deltas, "sample_deltas");
+    long n = a->samples.len;
+    long deltas_len = a->deltas.len;
     if (deltas_len != n && deltas_len != 0) CORRUPT("sample_deltas has %ld entries for %ld samples", deltas_len, n);
-    long threads_len = array_len(a->threads, "sample_threads");
+    long threads_len = a->threads.len;
     if (threads_len != n && threads_len != 0) CORRUPT("sample_threads has %ld entries for %ld samples", threads_len, n);
     long thread_count = array_len(a->thread_ids, "threads");
-    long states_len = array_len(a->states, "sample_states");
+    long states_len = a->states.len;
     if (states_len != n && states_len != 0) CORRUPT("sample_states has %ld entries for %ld samples", states_len, n);
     if (n > (long)UINT32_MAX) CORRUPT("too many samples");
 
@@ -271,27 +274,27 @@ expand_body(VALUE arg)
     b->threads = calloc((size_t)(n ? n : 1), sizeof(uint16_t));
     b->states = calloc((size_t)(n ? n : 1), 1);
     if (!b->sample_nodes || !b->times || !b->threads || !b->states) rb_memerror();
-    int64_t start = start_time_of(a->start_time), t = start;
+    int64_t start = a->start_time, t = start;
     uint64_t entries = 0; /* what raw will hold (see the top of this file) */
     for (long k = 0; k < n; k++) {
-        long node = strobe_fixnum_at(a->samples, k, "samples");
+        long node = strobe_column_next(&a->samples);
         if (node <= 0 || node >= nodes_len) CORRUPT("sample %ld refers to node %ld of %ld", k, node, nodes_len - 1);
         if ((k == 0 || b->sample_nodes[k - 1] != (uint32_t)node) &&
             __builtin_add_overflow(entries, (uint64_t)b->depth[node] + 2, &entries))
             entries = UINT64_MAX;
         b->sample_nodes[k] = (uint32_t)node;
         if (deltas_len) {
-            if (__builtin_add_overflow(t, (int64_t)strobe_fixnum_at(a->deltas, k, "sample_deltas"), &t))
+            if (__builtin_add_overflow(t, (int64_t)strobe_column_next(&a->deltas), &t))
                 CORRUPT("sample_deltas[%ld] is out of range", k);
             b->times[k] = t;
         }
         if (threads_len) {
-            long th = strobe_fixnum_at(a->threads, k, "sample_threads");
+            long th = strobe_column_next(&a->threads);
             if (th < 0 || th >= thread_count || th > UINT16_MAX) CORRUPT("sample %ld refers to thread %ld of %ld", k, th, thread_count);
             b->threads[k] = (uint16_t)th;
         }
         if (states_len) {
-            long state = strobe_fixnum_at(a->states, k, "sample_states");
+            long state = strobe_column_next(&a->states);
             if (state < 0 || state >= STROBE_STATES) CORRUPT("sample %ld has state %ld", k, state);
             b->states[k] = (uint8_t)state;
         }
@@ -316,6 +319,19 @@ expand_body(VALUE arg)
     return a->result;
 }
 
+static VALUE
+expand(expand_args_t *a, VALUE result, VALUE frame_ids, VALUE thread_ids, VALUE stored)
+{
+    Check_Type(result, T_HASH);
+    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL, NULL };
+    a->b = &b;
+    a->result = result;
+    a->frame_ids = frame_ids;
+    a->thread_ids = thread_ids;
+    a->stored = size_arg(stored, "the file's size");
+    return rb_ensure(expand_body, (VALUE)a, free_buffers, (VALUE)&b);
+}
+
 /* Strobe::Native.expand(result, nodes, frame_ids, samples, deltas,
  *                       start_time, sample_threads, thread_ids, sample_states,
  *                       stored)
@@ -329,12 +345,32 @@ static VALUE
 native_expand(VALUE self, VALUE result, VALUE nodes, VALUE frame_ids, VALUE samples, VALUE deltas,
               VALUE start_time, VALUE threads, VALUE thread_ids, VALUE states, VALUE stored)
 {
-    Check_Type(result, T_HASH);
-    start_time_of(start_time);
-    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL, NULL };
-    expand_args_t a = { &b, result, nodes, frame_ids, samples, deltas, start_time, threads, thread_ids, states,
-                        size_arg(stored, "the file's size") };
-    return rb_ensure(expand_body, (VALUE)&a, free_buffers, (VALUE)&b);
+    expand_args_t a;
+    a.start_time = start_time_of(start_time);
+    strobe_column_of_array(&a.nodes, nodes, "nodes", 0);
+    strobe_column_of_array(&a.samples, samples, "samples", 0);
+    strobe_column_of_array(&a.deltas, deltas, "sample_deltas", 0);
+    strobe_column_of_array(&a.threads, threads, "sample_threads", 0);
+    strobe_column_of_array(&a.states, states, "sample_states", 0);
+    return expand(&a, result, frame_ids, thread_ids, stored);
+}
+
+/* Strobe::Native.expand_text(result, text, from, to, frame_ids,
+ *                            thread_ids, stored)
+ * The same, the stacks section read from text[from, to), a Strobe file's
+ * JSON text (Native.stacks_range found it): no Ruby object per number. */
+static VALUE
+native_expand_text(VALUE self, VALUE result, VALUE text, VALUE from, VALUE to, VALUE frame_ids, VALUE thread_ids,
+                   VALUE stored)
+{
+    StringValue(text);
+    strobe_json_stacks_t s;
+    strobe_json_stacks_read(&s, text, NUM2LONG(from), NUM2LONG(to));
+    expand_args_t a = { .nodes = s.nodes, .samples = s.samples, .deltas = s.deltas, .threads = s.threads,
+                        .states = s.states, .start_time = s.start_time };
+    VALUE out = expand(&a, result, frame_ids, thread_ids, stored);
+    RB_GC_GUARD(text);
+    return out;
 }
 
 /* Strobe::Native.expand_limit(numbers, stored) -> the most entries a file
@@ -352,6 +388,7 @@ strobe_compact_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "compact", native_compact, 8);
     rb_define_singleton_method(mNative, "expand", native_expand, 10);
+    rb_define_singleton_method(mNative, "expand_text", native_expand_text, 7);
     rb_define_singleton_method(mNative, "expand_limit", native_expand_limit, 2);
     /* The limit on expanding a file's samples, for the docs and tests. */
     rb_define_const(mNative, "EXPAND_FLOOR", ULL2NUM(STROBE_EXPAND_FLOOR));

@@ -11,6 +11,7 @@
 #include "strobe.h"
 #include "capture.h"
 #include "compact.h"
+#include "json_columns.h"
 #include "stacks.h"
 #include "export.h"
 #include "flamegraph.h"
@@ -454,6 +455,7 @@ Init_strobe(void)
 #endif
     strobe_stacks_define(mStrobe);
     strobe_compact_define(mNative);
+    strobe_json_columns_define(mNative);
     strobe_subset_define(mNative);
     strobe_report_define(mNative);
     strobe_export_define(mNative);

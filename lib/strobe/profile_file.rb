@@ -89,7 +89,8 @@ module Strobe
     # (C) hand their output to io in chunks as they go. Returns io.
     def write_to(result, io, format, gzip: false)
       if gzip
-        Zlib::GzipWriter.wrap(KeepOpen.new(io)) { |gz| write_to(result, gz, format) }
+        level = format == :pprof ? PPROF_GZIP_LEVEL : Zlib::DEFAULT_COMPRESSION
+        Zlib::GzipWriter.wrap(KeepOpen.new(io), level) { |gz| write_to(result, gz, format) }
         return io
       end
 
@@ -182,23 +183,36 @@ module Strobe
         raise ProfileError, "#{name}: a Marshal dump (stackprof's format); Strobe loads Marshal data only " \
                             "when asked (--marshal), since it can run code"
       end
-      doc = begin
-        JSON.parse(bytes, symbolize_names: true)
-      rescue JSON::ParserError, EncodingError
-        raise ProfileError, "#{name}: not valid JSON (truncated or corrupt)"
-      end
+      # Strobe's own file: its samples (nearly all of it) are read from the
+      # text in C, JSON.parse parses the rest (json_columns.c).
+      stacks = Native.stacks_range(bytes)
+      doc = parse_json(stacks ? splice_stacks(bytes, *stacks) : bytes, name)
+      stacks &&= [bytes, *stacks]
       # The text is parsed: its memory goes back now, not at the next GC
       # (a profile's text, its parsed columns and its compact form would
       # otherwise all be held at once). The caller's String is left alone.
-      bytes.clear if owned
+      bytes.clear if owned && !stacks
       raise ProfileError, "#{name}: not a profile (expected a JSON object)" unless doc.is_a?(Hash)
 
       begin
-        decode(doc, name, stored: stored)
+        decode(doc, name, stored: stored, stacks_text: stacks)
       rescue TypeError, NoMethodError, ArgumentError => e
         # A value of the wrong JSON type somewhere in the document.
         raise ProfileError, "#{name}: malformed profile (#{e.message.lines.first.chomp})"
+      ensure
+        bytes.clear if owned && stacks
       end
+    end
+
+    def parse_json(text, name)
+      JSON.parse(text, symbolize_names: true)
+    rescue JSON::ParserError, EncodingError
+      raise ProfileError, "#{name}: not valid JSON (truncated or corrupt)"
+    end
+
+    # The text with the stacks section at bytes from...to left empty.
+    def splice_stacks(bytes, from, to)
+      bytes.byteslice(0, from) << "{}" << bytes.byteslice(to, bytes.bytesize - to)
     end
 
     def load_marshal(bytes, name, stored = nil)
@@ -211,6 +225,11 @@ module Strobe
     rescue TypeError, ArgumentError, EncodingError => e
       raise ProfileError, "#{name}: not a valid Marshal dump (#{e.message.lines.first.chomp})"
     end
+
+    # pprof output is gzipped fast, as Go's runtime/pprof writes it
+    # (gzip.BestSpeed): it is read by tools, and a profile of millions of
+    # samples spent most of its export in deflate at the default level.
+    PPROF_GZIP_LEVEL = Zlib::BEST_SPEED
 
     # Decompressed profiles stay far below this (a million raw samples make
     # about 10 MB); a file that inflates past it is refused, not read into
@@ -324,7 +343,9 @@ module Strobe
 
     # stored: the file's size as stored, if known (it bounds how far its
     # samples may expand).
-    def decode(doc, name, stored: nil)
+    # stacks_text: [text, from, to], where the stacks section is still text
+    # (doc holds an empty one in its place).
+    def decode(doc, name, stored: nil, stacks_text: nil)
       return decode_stackprof(doc, name, stored) unless doc.key?(:strobe_file)
       unless doc[:strobe_file] == FORMAT
         raise ProfileError, "#{name}: Strobe file format #{doc[:strobe_file].inspect} is not supported (expected #{FORMAT})"
@@ -339,7 +360,7 @@ module Strobe
       extras = doc.keys - %i[strobe_file frames threads stacks] - result.keys
       extras.each { |key| result[key] = doc[key] }
       if doc[:stacks]
-        decode_stacks(result, doc[:stacks], frames_list, threads_list, name, stored)
+        decode_stacks(result, stacks_text || doc[:stacks], frames_list, threads_list, name, stored)
       else
         check_raw_counts(result, name, stored)
       end
@@ -440,12 +461,15 @@ module Strobe
       raise ProfileError, "#{name}: frame #{frame[:id].inspect} is malformed"
     end
 
+    # stacks: the parsed section, or [text, from, to] where it is still text.
     def decode_stacks(result, stacks, frames_list, threads_list, name, stored = nil)
+      frame_ids = frames_list.map { |f| f[:id] }
+      thread_ids = threads_list.map { |t| t[:id] }
+      return Native.expand_text(result, *stacks, frame_ids, thread_ids, stored) if stacks.is_a?(Array)
       raise ProfileError, "#{name}: stacks is not an object" unless stacks.is_a?(Hash)
 
-      Native.expand(result, stacks[:nodes], frames_list.map { |f| f[:id] }, stacks[:samples],
-                    stacks[:deltas] || [], stacks[:start_time] || 0, stacks[:threads] || [],
-                    threads_list.map { |t| t[:id] }, stacks[:states] || [], stored)
+      Native.expand(result, stacks[:nodes], frame_ids, stacks[:samples], stacks[:deltas] || [],
+                    stacks[:start_time] || 0, stacks[:threads] || [], thread_ids, stacks[:states] || [], stored)
       # The columns are in the compact form now: theirs go back at once.
       %i[nodes samples deltas threads states].each { |column| stacks[column].clear if stacks[column].is_a?(Array) }
       result

@@ -1,0 +1,255 @@
+/*
+ * json_columns.c - a Strobe profile file's samples read from its JSON text
+ * without Ruby objects in between.
+ *
+ * A file's "stacks" section is nearly all of it: per sample a node, a time
+ * delta, a thread and maybe a state. Parsed by JSON.parse, every number
+ * becomes an Array slot (8 bytes, and most of loading's time) before
+ * compact.c copies it into the compact form. Instead,
+ * Strobe::Native.stacks_range finds the section in the text (so that Ruby
+ * parses the rest, the small part), and strobe_json_stacks_read gives
+ * compact.c each column as a cursor over the text itself, whose every
+ * number was checked to be an integer when the cursor was made.
+ *
+ * The scanner is strict where it reads and gives up where it does not
+ * need to understand: stacks_range answers nil for anything unusual (bad
+ * syntax, a key spelled with escapes, a key twice), and the caller then
+ * parses the whole text with JSON.parse as before, whose errors say what
+ * is wrong.
+ *
+ * GVL held; not signal-safe.
+ */
+#include "json_columns.h"
+#include <string.h>
+
+/* Nesting deeper than this in a value the scanner skips: give up. */
+#define STROBE_JSON_MAX_DEPTH 512
+/* A column's integers have at most this many digits: below 2**62, so each
+ * is a Fixnum, as JSON.parse would give it. */
+#define STROBE_JSON_MAX_DIGITS 18
+
+static const char *
+skip_ws(const char *p, const char *end)
+{
+    while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) p++;
+    return p;
+}
+
+/* p at a '"': the position after the string's closing quote, or NULL.
+ * *escaped (if given) says whether it held a backslash. */
+static const char *
+skip_string(const char *p, const char *end, int *escaped)
+{
+    if (escaped) *escaped = 0;
+    for (p++; p < end; p++) {
+        if (*p == '"') return p + 1;
+        if (*p == '\\') {
+            if (escaped) *escaped = 1;
+            if (++p == end) return NULL;
+        }
+    }
+    return NULL;
+}
+
+/* p at the start of a value: the position after it, or NULL. */
+static const char *
+skip_value(const char *p, const char *end, int depth)
+{
+    if (p >= end || depth > STROBE_JSON_MAX_DEPTH) return NULL;
+    if (*p == '"') return skip_string(p, end, NULL);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        p = skip_ws(p + 1, end);
+        if (p < end && *p == close) return p + 1;
+        for (;;) {
+            if (close == '}') {
+                if (p >= end || *p != '"' || !(p = skip_string(p, end, NULL))) return NULL;
+                p = skip_ws(p, end);
+                if (p >= end || *p != ':') return NULL;
+                p = skip_ws(p + 1, end);
+            }
+            if (!(p = skip_value(p, end, depth + 1))) return NULL;
+            p = skip_ws(p, end);
+            if (p >= end) return NULL;
+            if (*p == close) return p + 1;
+            if (*p != ',') return NULL;
+            p = skip_ws(p + 1, end);
+        }
+    }
+    /* A number, true, false or null: up to what ends it. */
+    const char *start = p;
+    while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t')
+        p++;
+    return p > start ? p : NULL;
+}
+
+static int
+key_is(const char *key, long len, const char *name)
+{
+    return (size_t)len == strlen(name) && memcmp(key, name, (size_t)len) == 0;
+}
+
+/* Strobe::Native.stacks_range(text) -> [from, to], the byte range of the
+ * value of the top-level key "stacks" of a Strobe profile file's JSON
+ * text; nil unless the text is one object holding "strobe_file" and an
+ * object under "stacks", each once, no key written with escapes. */
+static VALUE
+native_stacks_range(VALUE self, VALUE text)
+{
+    StringValue(text);
+    const char *base = RSTRING_PTR(text), *end = base + RSTRING_LEN(text);
+    const char *p = skip_ws(base, end), *from = NULL, *to = NULL;
+    int strobe_file = 0;
+    if (p >= end || *p != '{') return Qnil;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') return Qnil;
+    for (;;) {
+        int escaped;
+        const char *key = p + 1;
+        if (p >= end || *p != '"' || !(p = skip_string(p, end, &escaped)) || escaped) return Qnil;
+        long key_len = (long)(p - 1 - key);
+        p = skip_ws(p, end);
+        if (p >= end || *p != ':') return Qnil;
+        const char *value = p = skip_ws(p + 1, end);
+        if (!(p = skip_value(p, end, 1))) return Qnil;
+        if (key_is(key, key_len, "stacks")) {
+            if (from || *value != '{') return Qnil;
+            from = value;
+            to = p;
+        } else if (key_is(key, key_len, "strobe_file")) {
+            if (strobe_file++) return Qnil;
+        }
+        p = skip_ws(p, end);
+        if (p >= end) return Qnil;
+        if (*p == '}') break;
+        if (*p != ',') return Qnil;
+        p = skip_ws(p + 1, end);
+    }
+    if (skip_ws(p + 1, end) != end || !from || !strobe_file) return Qnil;
+    return rb_assoc_new(LONG2NUM(from - base), LONG2NUM(to - base));
+}
+
+/* p at an integer of a column (entry i; -1: a single value): the position after it. Anything
+ * else, or an integer out of range, raises ProfileError. */
+static const char *
+check_integer(const char *p, const char *end, const char *what, long i)
+{
+    const char *digits = p < end && *p == '-' ? p + 1 : p, *q = digits;
+    while (q < end && *q >= '0' && *q <= '9') q++;
+    long n = (long)(q - digits);
+    if (n == 0 || n > STROBE_JSON_MAX_DIGITS || (n > 1 && *digits == '0') ||
+        (q < end && (*q == '.' || *q == 'e' || *q == 'E')))
+    {
+        if (i < 0) CORRUPT("%s is not an integer in range", what);
+        CORRUPT("%s[%ld] is not an integer in range", what, i);
+    }
+    return q;
+}
+
+/* p at a column's value: a JSON array of integers, checked whole, becomes
+ * c's text; null an empty column where empty_if_null. The position after
+ * the value. */
+static const char *
+column_of_text(strobe_column_t *c, const char *p, const char *end, const char *what, int empty_if_null)
+{
+    *c = (strobe_column_t){ Qnil, NULL, NULL, 0, 0, what };
+    if (empty_if_null && end - p >= 4 && memcmp(p, "null", 4) == 0) return p + 4;
+    if (p >= end || *p != '[') CORRUPT("%s is not an array", what);
+    c->p = p + 1;
+    p = skip_ws(p + 1, end);
+    if (p < end && *p != ']') {
+        for (;;) {
+            p = skip_ws(check_integer(p, end, what, c->len++), end);
+            if (p < end && *p == ']') break;
+            if (p >= end || *p != ',') CORRUPT("%s is not an array of integers", what);
+            p = skip_ws(p + 1, end);
+        }
+    }
+    if (p >= end) CORRUPT("%s is not an array of integers", what);
+    c->end = p;
+    return p + 1;
+}
+
+void
+strobe_column_of_array(strobe_column_t *c, VALUE ary, const char *what, int empty_if_nil)
+{
+    *c = (strobe_column_t){ ary, NULL, NULL, 0, 0, what };
+    if (NIL_P(ary) && empty_if_nil) return; /* empty: never read */
+    if (!RB_TYPE_P(ary, T_ARRAY)) CORRUPT("%s is not an array", what);
+    c->len = RARRAY_LEN(ary);
+}
+
+long
+strobe_column_next(strobe_column_t *c)
+{
+    long i = c->at++;
+    if (!NIL_P(c->ary)) return strobe_fixnum_at(c->ary, i, c->what);
+    /* Checked when the cursor was made: whitespace, commas and integers
+     * of at most 18 digits. */
+    const char *p = c->p;
+    while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t' || *p == ',') p++;
+    int negative = *p == '-';
+    p += negative;
+    long v = 0;
+    while (p < c->end && *p >= '0' && *p <= '9') v = v * 10 + (*p++ - '0');
+    c->p = p;
+    return negative ? -v : v;
+}
+
+void
+strobe_json_stacks_read(strobe_json_stacks_t *s, VALUE text, long from, long to)
+{
+    if (from < 0 || to < from || to > RSTRING_LEN(text)) rb_raise(rb_eArgError, "the stacks range is not in the text");
+    const char *p = RSTRING_PTR(text) + from, *end = RSTRING_PTR(text) + to;
+    strobe_column_t *columns[] = { &s->nodes, &s->samples, &s->deltas, &s->threads, &s->states };
+    static const char *const keys[] = { "nodes", "samples", "deltas", "threads", "states" };
+    static const char *const names[] = { "nodes", "samples", "sample_deltas", "sample_threads", "sample_states" };
+    for (int k = 0; k < 5; k++) *columns[k] = (strobe_column_t){ Qnil, NULL, NULL, 0, 0, names[k] };
+    int given[5] = { 0 };
+    s->start_time = 0;
+    p = skip_ws(p, end);
+    if (p >= end || *p != '{') CORRUPT("stacks is not an object");
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') p = NULL; /* no keys */
+    while (p) {
+        const char *key = p + 1;
+        if (p >= end || *p != '"' || !(p = skip_string(p, end, NULL))) CORRUPT("stacks is malformed");
+        long key_len = (long)(p - 1 - key);
+        p = skip_ws(p, end);
+        if (p >= end || *p != ':') CORRUPT("stacks is malformed");
+        p = skip_ws(p + 1, end);
+        int k = 0;
+        while (k < 5 && !key_is(key, key_len, keys[k])) k++;
+        if (k < 5) {
+            /* nodes and samples must be arrays; the others may be null. */
+            p = column_of_text(columns[k], p, end, names[k], k >= 2);
+            given[k] = 1;
+        } else if (key_is(key, key_len, "start_time")) {
+            if (end - p >= 4 && memcmp(p, "null", 4) == 0) {
+                s->start_time = 0;
+                p += 4;
+            } else {
+                const char *q = p;
+                if (p >= end || (*p != '-' && (*p < '0' || *p > '9'))) CORRUPT("start_time is not an integer in range");
+                p = check_integer(p, end, "start_time", -1);
+                strobe_column_t one = { Qnil, q, p, 1, 0, "start_time" };
+                s->start_time = strobe_column_next(&one);
+            }
+        } else if (!(p = skip_value(p, end, 2))) {
+            CORRUPT("stacks is malformed");
+        }
+        p = skip_ws(p, end);
+        if (p < end && *p == '}') break;
+        if (p >= end || *p != ',') CORRUPT("stacks is malformed");
+        p = skip_ws(p + 1, end);
+    }
+    /* As stacks[:nodes] and stacks[:samples] read from a parsed file. */
+    if (!given[0]) CORRUPT("nodes is not an array");
+    if (!given[1]) CORRUPT("samples is not an array");
+}
+
+void
+strobe_json_columns_define(VALUE mNative)
+{
+    rb_define_singleton_method(mNative, "stacks_range", native_stacks_range, 1);
+}
