@@ -25,7 +25,7 @@ typedef struct {
     uint16_t *thread;
     uint8_t *state;
     size_t n, capa;
-    int added, all_times, all_threads, all_states;
+    int added, finished, all_times, all_threads, all_states;
     int64_t start_us;
     VALUE thread_ids;        /* Array */
     VALUE thread_index;      /* Hash: thread id -> position in thread_ids */
@@ -150,6 +150,7 @@ builder_add(VALUE self, VALUE stacks, VALUE frame_map)
     const strobe_stacks_t *st = strobe_stacks_get(stacks);
     if (!st) rb_raise(rb_eTypeError, "not a Strobe::Stacks: %+"PRIsVALUE, stacks);
     Check_Type(frame_map, T_HASH);
+    if (b->finished) rb_raise(rb_eRuntimeError, "the merge is finished");
     if (!b->added) b->start_us = st->start_us;
     if (!NIL_P(st->raw_refusal)) RB_OBJ_WRITE(self, &b->raw_refusal, st->raw_refusal);
     b->added = 1;
@@ -179,16 +180,38 @@ builder_add(VALUE self, VALUE stacks, VALUE frame_map)
 
 /* Strobe::Stacks::Builder#finish -> the merged Strobe::Stacks (nil when
  * nothing was added). */
+/* ptr cut down to count entries of size bytes (or left as it is). */
+static void *
+shrunk(void *ptr, size_t count, size_t size)
+{
+    void *p = count ? realloc(ptr, count * size) : NULL;
+    return p ? p : ptr;
+}
+
 static VALUE
 builder_finish(VALUE self)
 {
     builder_t *b = builder_of(self);
+    if (b->finished) rb_raise(rb_eRuntimeError, "the merge is finished");
     if (!b->added) return Qnil;
     VALUE frame_ids = rb_ary_new_capa(b->table.frames_len);
     for (uint32_t f = 0; f < b->table.frames_len; f++) rb_ary_push(frame_ids, b->table.frames[f].value);
-    VALUE stacks = strobe_stacks_new(b->table.nodes, b->table.nodes_len, frame_ids, b->n, b->node,
-                                     b->all_times ? b->time : NULL, b->thread_ids, b->all_threads ? b->thread : NULL,
-                                     b->all_states ? b->state : NULL, b->start_us);
+    /* The merged table and columns become the result's as they are (no
+     * copy), and the rest of the builder goes at once. */
+    b->table.nodes = shrunk(b->table.nodes, b->table.nodes_len, sizeof(strobe_node_t));
+    b->node = shrunk(b->node, b->n, sizeof(uint32_t));
+    b->time = shrunk(b->time, b->n, sizeof(int64_t));
+    b->thread = shrunk(b->thread, b->n, sizeof(uint16_t));
+    b->state = shrunk(b->state, b->n, 1);
+    VALUE stacks = strobe_stacks_adopt(&b->table.nodes, b->table.nodes_len, frame_ids, b->n, &b->node,
+                                       b->all_times ? &b->time : NULL, b->thread_ids,
+                                       b->all_threads ? &b->thread : NULL, b->all_states ? &b->state : NULL,
+                                       b->start_us);
+    b->finished = 1;
+    strobe_stack_table_free(&b->table); /* (its nodes are the result's now) */
+    free(b->node); free(b->time); free(b->thread); free(b->state);
+    b->node = NULL; b->time = NULL; b->thread = NULL; b->state = NULL;
+    b->capa = b->n = 0;
     if (!NIL_P(b->raw_refusal)) strobe_stacks_refuse_raw(stacks, b->raw_refusal);
     return stacks;
 }
