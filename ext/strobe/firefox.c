@@ -78,7 +78,7 @@ typedef struct {
     st_table *recolored;     /* (node, category) -> local stack */
     VALUE strings;           /* String -> local index */
     VALUE string_list;
-    size_t *order;           /* sample indexes grouped by thread */
+    uint32_t *order;         /* sample indexes grouped by thread */
     size_t *thread_start;    /* per thread: its first entry in order (threads + 1) */
     strobe_ff_markers_t *markers;
 } ff_t;

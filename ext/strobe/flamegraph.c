@@ -158,18 +158,62 @@ i64_array(const int64_t *v, size_t n)
     return a;
 }
 
-/* One lane's samples (order[first, last), time-ordered) as runs. A sample
- * stands for the time up to the thread's next one when that comes within
- * STROBE_FLAME_JOIN steps (a thread that shares a core, sampled in :cpu
- * less often than the interval, stays drawn), else for one step; a run
- * goes on while the node stays the same and its samples join. Its self
- * counts go into counts, then self_node and self_count. */
+/* Where a lane's runs go, each once it is complete: counted (the first
+ * pass: how many, and the span they cover), or kept in f->runs, as they
+ * are or, where width > 0, downsampled: the lane's span (from the first
+ * run's start) cut into buckets width wide, each keeping the run with the
+ * most samples in it (its node drawn over the whole bucket, the bucket's
+ * samples counted on it), as a screen shows one stack per pixel. A run
+ * belongs to the bucket its start falls in; runs apart stay apart (a
+ * bucket starts at its first run and ends at its last's end). */
+typedef struct {
+    flame_t *f;
+    int keep;                /* 0: only count */
+    size_t runs;             /* complete runs seen */
+    int64_t from, to;        /* the first run's start, the last one's end */
+    double width;            /* > 0: downsample into buckets this wide */
+    size_t bucket;           /* the open bucket (f->runs' last), if any */
+    uint32_t most;           /* the most samples of one run in it */
+    uint64_t total;          /* its samples */
+} run_sink_t;
+
+static void
+sink_run(run_sink_t *k, flame_run_t run)
+{
+    if (k->runs++ == 0) k->from = run.start;
+    k->to = run.end;
+    if (!k->keep) return;
+    if (k->width > 0) {
+        size_t bucket = (size_t)((double)(run.start - k->from) / k->width);
+        if (k->runs > 1 && bucket == k->bucket) {
+            flame_run_t *open = &k->f->runs[k->f->runs_len - 1];
+            k->total += run.count;
+            if (run.count > k->most) { k->most = run.count; open->node = run.node; }
+            if (run.end > open->end) open->end = run.end;
+            open->count = k->total > UINT32_MAX ? UINT32_MAX : (uint32_t)k->total;
+            return;
+        }
+        k->bucket = bucket;
+        k->most = run.count;
+        k->total = run.count;
+    }
+    *push_run(k->f) = run;
+}
+
+/* One lane's samples (order[first, last), time-ordered) as runs, into k.
+ * A sample stands for the time up to the thread's next one when that
+ * comes within STROBE_FLAME_JOIN steps (a thread that shares a core,
+ * sampled in :cpu less often than the interval, stays drawn), else for
+ * one step; a run goes on while the node stays the same and its samples
+ * join. Where k keeps the runs, the lane's self counts go into counts,
+ * then self_node and self_count. */
 #define STROBE_FLAME_JOIN 4
 static void
-lane_runs(flame_t *f, const strobe_samples_t *s, const size_t *order, size_t first, size_t last, int64_t step,
-          VALUE self_node, VALUE self_count)
+lane_runs(run_sink_t *k, const strobe_samples_t *s, const uint32_t *node_of, const uint32_t *order, size_t first,
+          size_t last, int64_t step, VALUE self_node, VALUE self_count)
 {
-    flame_run_t *cur = NULL;
+    flame_t *f = k->f;
+    flame_run_t cur = { 0, 0, 0, 0 };
     int64_t prev = 0;
     size_t touched = 0;
     if (step <= 0) { /* :object, :custom: the thread's mean gap */
@@ -178,59 +222,28 @@ lane_runs(flame_t *f, const strobe_samples_t *s, const size_t *order, size_t fir
         if (step <= 0) step = 1;
     }
     for (size_t i = first; i < last; i++) {
-        size_t k = order[i];
-        uint32_t node = s->node[k];
-        int64_t t = s->time ? s->time[k] : (int64_t)k;
-        if (!f->counts[node]++) f->touched[touched++] = node;
-        int joined = cur && t - prev <= STROBE_FLAME_JOIN * step; /* t >= prev: in time order */
+        size_t at = order[i];
+        uint32_t node = node_of[at];
+        int64_t t = s->time ? s->time[at] : (int64_t)at;
+        if (k->keep && !f->counts[node]++) f->touched[touched++] = node;
+        int joined = cur.count && t - prev <= STROBE_FLAME_JOIN * step; /* t >= prev: in time order */
         prev = t;
-        if (joined && cur->node == node && cur->count < UINT32_MAX) {
-            cur->end = t + step;
-            cur->count++;
+        if (joined && cur.node == node && cur.count < UINT32_MAX) {
+            cur.end = t + step;
+            cur.count++;
             continue;
         }
-        if (joined) cur->end = t;
-        cur = push_run(f);
-        *cur = (flame_run_t){ node, 1, t, t + step };
+        if (joined) cur.end = t;
+        if (cur.count) sink_run(k, cur);
+        cur = (flame_run_t){ node, 1, t, t + step };
     }
+    if (cur.count) sink_run(k, cur);
     for (size_t j = 0; j < touched; j++) {
-        uint32_t node = f->touched[j];
-        rb_ary_push(self_node, UINT2NUM(node));
-        rb_ary_push(self_count, ULL2NUM(f->counts[node]));
-        f->counts[node] = 0;
+        uint32_t n = f->touched[j];
+        rb_ary_push(self_node, UINT2NUM(n));
+        rb_ary_push(self_count, ULL2NUM(f->counts[n]));
+        f->counts[n] = 0;
     }
-}
-
-/* Lane runs [first, runs_len) down to at most max: the lane's time split
- * into max equal buckets, each keeping the run with the most samples in
- * it (its node drawn over the whole bucket, the bucket's samples counted
- * on it), as a screen shows one stack per pixel. A run belongs to the
- * bucket its start falls in; runs apart stay apart (a bucket starts at its
- * first run and ends at its last's end). */
-static void
-downsample(flame_t *f, size_t first, size_t max)
-{
-    size_t len = f->runs_len - first;
-    if (len <= max || max == 0) return;
-    flame_run_t *runs = f->runs + first;
-    int64_t from = runs[0].start, to = runs[len - 1].end;
-    double width = (double)(to - from) / (double)max;
-    if (!(width > 0)) width = 1;
-    size_t out = 0;
-    for (size_t i = 0; i < len;) {
-        size_t bucket = (size_t)((double)(runs[i].start - from) / width);
-        int64_t start = runs[i].start, end = runs[i].end;
-        uint32_t node = runs[i].node, most = 0;
-        uint64_t total = 0;
-        /* (Written at out, which is at most the bucket's first run: read already.) */
-        for (; i < len && (size_t)((double)(runs[i].start - from) / width) == bucket; i++) {
-            total += runs[i].count;
-            if (runs[i].count > most) { most = runs[i].count; node = runs[i].node; }
-            if (runs[i].end > end) end = runs[i].end;
-        }
-        runs[out++] = (flame_run_t){ node, total > UINT32_MAX ? UINT32_MAX : (uint32_t)total, start, end };
-    }
-    f->runs_len = first + out;
 }
 
 static int
@@ -263,39 +276,40 @@ flamegraph_data(report_t *r)
     strobe_report_tree(r);
     VALUE h = strobe_report_tree_hash(r);
 
-    /* The lanes, in the order of the result's threads. */
+    /* The lanes, in the order of the result's threads: their runs counted
+     * first, then kept. Past STROBE_FLAME_MAX_RUNS in all, each lane gets
+     * an equal share of them (at least STROBE_FLAME_MIN_LANE_RUNS), its
+     * runs downsampled to fit as they are made: no more are ever held. */
     size_t *starts;
-    const size_t *order = strobe_samples_by_thread(r, s, &starts);
+    const uint32_t *order = strobe_samples_by_thread(r, s, &starts);
     long threads = RARRAY_LEN(s->thread_ids);
     int64_t step = time_mode(r->result) && s->time ? s->interval : 0;
     f->counts = flame_alloc(r->nodes, sizeof(uint64_t));
     f->touched = flame_alloc(r->nodes, sizeof(uint32_t));
     size_t *lane_first = r->scratch[0] = ALLOC_N(size_t, (size_t)threads + 1);
+    run_sink_t *sinks = r->scratch[1] = ZALLOC_N(run_sink_t, (size_t)(threads ? threads : 1));
+    size_t total = 0;
+    for (long t = 0; t < threads; t++) {
+        sinks[t].f = f;
+        if (starts[t + 1] > starts[t]) lane_runs(&sinks[t], s, node, order, starts[t], starts[t + 1], step, Qnil, Qnil);
+        total += sinks[t].runs;
+    }
+    size_t share = STROBE_FLAME_MAX_RUNS / (size_t)(threads ? threads : 1);
+    if (share < STROBE_FLAME_MIN_LANE_RUNS) share = STROBE_FLAME_MIN_LANE_RUNS;
     VALUE samples = rb_ary_new(), self_offset = rb_ary_new(), self_node = rb_ary_new(), self_count = rb_ary_new();
     for (long t = 0; t < threads; t++) {
+        run_sink_t *k = &sinks[t];
         lane_first[t] = f->runs_len;
         rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
         rb_ary_push(samples, SIZET2NUM(starts[t + 1] - starts[t]));
-        if (starts[t + 1] > starts[t]) lane_runs(f, s, order, starts[t], starts[t + 1], step, self_node, self_count);
-    }
-    /* Past STROBE_FLAME_MAX_RUNS, each lane gets an equal share of them
-     * (at least STROBE_FLAME_MIN_LANE_RUNS), its runs bucketed to fit. */
-    if (f->runs_len > STROBE_FLAME_MAX_RUNS) {
-        size_t share = STROBE_FLAME_MAX_RUNS / (size_t)(threads ? threads : 1);
-        if (share < STROBE_FLAME_MIN_LANE_RUNS) share = STROBE_FLAME_MIN_LANE_RUNS;
-        size_t kept = 0;
-        for (long t = 0; t < threads; t++) {
-            size_t first = lane_first[t], last = t + 1 < threads ? lane_first[t + 1] : f->runs_len;
-            /* Move the lane down to where the kept runs end, then bucket it. */
-            memmove(f->runs + kept, f->runs + first, (last - first) * sizeof(flame_run_t));
-            size_t saved = f->runs_len;
-            f->runs_len = kept + (last - first);
-            downsample(f, kept, share);
-            lane_first[t] = kept;
-            kept = f->runs_len;
-            f->runs_len = saved;
+        if (starts[t + 1] == starts[t]) continue;
+        if (total > STROBE_FLAME_MAX_RUNS && k->runs > share) {
+            k->width = (double)(k->to - k->from) / (double)share;
+            if (!(k->width > 0)) k->width = 1;
         }
-        f->runs_len = kept;
+        k->keep = 1;
+        k->runs = 0;
+        lane_runs(k, s, node, order, starts[t], starts[t + 1], step, self_node, self_count);
     }
     lane_first[threads] = f->runs_len;
     rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));

@@ -114,7 +114,10 @@ report_mark(void *ptr)
      * export's marker types and keys): each one pinned, not just the Array. */
     if (r->pinned[2] && RB_TYPE_P(r->pinned[2], T_ARRAY))
         for (long i = 0; i < RARRAY_LEN(r->pinned[2]); i++) rb_gc_mark(RARRAY_AREF(r->pinned[2], i));
-    if (r->samples_read) rb_gc_mark(r->samples_read->thread_ids);
+    if (r->samples_read) {
+        rb_gc_mark(r->samples_read->thread_ids);
+        rb_gc_mark(r->samples_read->stacks);
+    }
     for (long i = 0; i < r->len; i++) {
         rb_gc_mark(r->frames[i].name);
         rb_gc_mark(r->frames[i].file);
@@ -135,7 +138,7 @@ report_free(VALUE arg)
     DATA_PTR(r->holder) = NULL; /* the holder may outlive this C frame */
     xfree(r->frames);
     if (r->index) st_free_table(r->index);
-    if (r->children) st_free_table(r->children);
+    xfree(r->child_slots);
     xfree(r->parent); xfree(r->frame); xfree(r->self); xfree(r->total);
     xfree(r->runs_node); xfree(r->runs_count);
     xfree(r->prev_ids); xfree(r->path);

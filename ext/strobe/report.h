@@ -35,10 +35,12 @@ typedef struct {
     uint32_t *parent, *frame;
     uint64_t *self, *total;
     uint32_t nodes, nodes_capa;
-    st_table *children;      /* (parent << 32 | frame) -> node */
+    uint32_t *child_slots;   /* open addressing over the nodes by (parent, frame): node id, 0 empty */
+    uint32_t child_slots_capa; /* a power of 2, over twice the nodes */
     uint32_t *runs_node;
     uint64_t *runs_count;
     size_t runs, runs_capa;
+    int runs_wanted;         /* report_tree keeps the runs only when set (Native.report_tree) */
     uint32_t *sample_node;   /* if set: report_tree writes each sample's leaf node here */
     size_t sample_nodes;     /* its length: the samples raw describes */
     VALUE *prev_ids;         /* the previous raw stack's frame ids */

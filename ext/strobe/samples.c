@@ -53,9 +53,9 @@ strobe_samples_free(strobe_samples_t *s)
     if (s->table_ready) strobe_stack_table_free(&s->table);
     free(s->frame_pos);
     free(s->node);
-    free(s->time);
-    free(s->thread);
-    free(s->state);
+    if (!(s->borrowed & STROBE_SAMPLES_BORROWED_TIME)) free(s->time);
+    if (!(s->borrowed & STROBE_SAMPLES_BORROWED_THREAD)) free(s->thread);
+    if (!(s->borrowed & STROBE_SAMPLES_BORROWED_STATE)) free(s->state);
     xfree(s->prev_ids);
     xfree(s->prev_lines);
     xfree(s->path);
@@ -108,7 +108,8 @@ read_threads(strobe_samples_t *s, VALUE result, VALUE sample_threads)
         if (!FIXNUM_P(id)) CORRUPT("thread id %+"PRIsVALUE" is not an integer", id);
         rb_hash_aset(pos, id, LONG2FIX(k));
     }
-    s->thread = alloc_n(s->n, sizeof(uint32_t));
+    if (RARRAY_LEN(s->thread_ids) > UINT16_MAX) CORRUPT("more than %d threads", UINT16_MAX);
+    s->thread = alloc_n(s->n, sizeof(uint16_t));
     VALUE last = Qundef, at = Qundef;
     for (size_t k = 0; k < s->n; k++) {
         VALUE id = RARRAY_AREF(sample_threads, (long)k);
@@ -117,7 +118,7 @@ read_threads(strobe_samples_t *s, VALUE result, VALUE sample_threads)
             if (at == Qundef) CORRUPT("raw_sample_threads[%zu] is %+"PRIsVALUE", not a thread of the profile", k, id);
             last = id;
         }
-        s->thread[k] = (uint32_t)FIX2LONG(at);
+        s->thread[k] = (uint16_t)FIX2LONG(at);
     }
     RB_GC_GUARD(pos);
     if (RARRAY_LEN(s->thread_ids) == 0) rb_ary_push(s->thread_ids, Qnil);
@@ -219,6 +220,7 @@ samples_new(report_t *r)
     strobe_samples_t *s = calloc(1, sizeof(*s));
     if (!s) rb_memerror();
     s->thread_ids = Qnil;
+    s->stacks = Qnil;
     r->samples_read = s; /* freed with the report from here on */
     return s;
 }
@@ -257,14 +259,16 @@ columns_from_stacks(report_t *r, strobe_samples_t *s, const strobe_stacks_t *st)
     s->interval = bounded_key(result, "interval", INT32_MAX);
     s->started_at_us = bounded_key(result, "started_at", STROBE_MAX_TIME_US);
     s->duration_us = bounded_key(result, "duration", STROBE_MAX_TIME_US);
+    /* Times and states as they are: borrowed, not copied. */
+    s->stacks = rb_hash_lookup2(result, strobe_sym("stacks"), Qnil);
     if (st->time) {
-        s->time = alloc_n(s->n, sizeof(int64_t));
-        if (s->n) memcpy(s->time, st->time, sizeof(int64_t) * s->n);
+        s->time = st->time;
+        s->borrowed |= STROBE_SAMPLES_BORROWED_TIME;
         s->start_us = st->start_us;
     }
     if (st->state) {
-        s->state = alloc_n(s->n, 1);
-        if (s->n) memcpy(s->state, st->state, s->n);
+        s->state = st->state;
+        s->borrowed |= STROBE_SAMPLES_BORROWED_STATE;
     }
     VALUE threads = key(result, "threads");
     if (!NIL_P(threads) && !RB_TYPE_P(threads, T_HASH)) CORRUPT("threads is not a Hash");
@@ -288,13 +292,22 @@ columns_from_stacks(report_t *r, strobe_samples_t *s, const strobe_stacks_t *st)
             VALUE at = rb_hash_lookup2(pos, RARRAY_AREF(st->thread_ids, t), Qundef);
             position[t] = FIXNUM_P(at) ? FIX2LONG(at) : -1;
         }
-        s->thread = alloc_n(s->n, sizeof(uint32_t));
-        for (size_t k = 0; k < s->n; k++) {
-            long p = position[st->thread[k]];
-            if (p < 0)
-                CORRUPT("sample %zu is of thread %+"PRIsVALUE", not a thread of the profile", k,
-                        RARRAY_AREF(st->thread_ids, st->thread[k]));
-            s->thread[k] = (uint32_t)p;
+        /* The same threads in the same order (as loaded): borrowed. */
+        long same = 0;
+        while (same < count && position[same] == same) same++;
+        if (same == count) {
+            s->thread = st->thread;
+            s->borrowed |= STROBE_SAMPLES_BORROWED_THREAD;
+        } else {
+            if (RARRAY_LEN(s->thread_ids) > UINT16_MAX) CORRUPT("more than %d threads", UINT16_MAX);
+            s->thread = alloc_n(s->n, sizeof(uint16_t));
+            for (size_t k = 0; k < s->n; k++) {
+                long p = position[st->thread[k]];
+                if (p < 0)
+                    CORRUPT("sample %zu is of thread %+"PRIsVALUE", not a thread of the profile", k,
+                            RARRAY_AREF(st->thread_ids, st->thread[k]));
+                s->thread[k] = (uint16_t)p;
+            }
         }
         ALLOCV_END(buffer);
         RB_GC_GUARD(pos);
@@ -456,7 +469,7 @@ strobe_samples_thread_name(const strobe_samples_t *s, VALUE result, long t, int 
 /* idx[0, n) sorted by time[idx], stably: bottom-up merge sort through tmp,
  * each run merged only when it is out of order with the next. */
 static void
-sort_by_time(const int64_t *time, size_t *idx, size_t *tmp, size_t n)
+sort_by_time(const int64_t *time, uint32_t *idx, uint32_t *tmp, size_t n)
 {
     for (size_t width = 1; width < n; width *= 2) {
         for (size_t lo = 0; lo + width < n; lo += 2 * width) {
@@ -466,27 +479,28 @@ sort_by_time(const int64_t *time, size_t *idx, size_t *tmp, size_t n)
             while (a < mid && b < hi) tmp[k++] = time[idx[b]] < time[idx[a]] ? idx[b++] : idx[a++];
             while (a < mid) tmp[k++] = idx[a++];
             while (b < hi) tmp[k++] = idx[b++];
-            memcpy(idx + lo, tmp + lo, (hi - lo) * sizeof(size_t));
+            memcpy(idx + lo, tmp + lo, (hi - lo) * sizeof(uint32_t));
         }
     }
 }
 
-size_t *
+uint32_t *
 strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts)
 {
     long threads = RARRAY_LEN(s->thread_ids);
-    size_t *order = r->scratch[3] = ALLOC_N(size_t, s->n ? s->n : 1);
+    if (s->n > UINT32_MAX) CORRUPT("too many samples");
+    uint32_t *order = r->scratch[3] = ALLOC_N(uint32_t, s->n ? s->n : 1);
     size_t *start = r->scratch[4] = ZALLOC_N(size_t, (size_t)threads + 1);
     size_t *fill = r->scratch[5] = ALLOC_N(size_t, (size_t)threads);
     /* A counting sort by thread, keeping each thread's samples in order. */
     for (size_t k = 0; k < s->n; k++) start[(s->thread ? s->thread[k] : 0) + 1]++;
     for (long t = 0; t < threads; t++) start[t + 1] += start[t];
     for (long t = 0; t < threads; t++) fill[t] = start[t];
-    for (size_t k = 0; k < s->n; k++) order[fill[s->thread ? s->thread[k] : 0]++] = k;
+    for (size_t k = 0; k < s->n; k++) order[fill[s->thread ? s->thread[k] : 0]++] = (uint32_t)k;
     /* Then by time within each thread: a stable merge sort (samples are
      * recorded nearly in order, but merged profiles can come in any). */
     if (s->time) {
-        size_t *tmp = r->scratch[7] = ALLOC_N(size_t, s->n ? s->n : 1);
+        uint32_t *tmp = r->scratch[7] = ALLOC_N(uint32_t, s->n ? s->n : 1);
         for (long t = 0; t < threads; t++) sort_by_time(s->time, order + start[t], tmp, start[t + 1] - start[t]);
     }
     *starts = start;

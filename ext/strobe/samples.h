@@ -15,6 +15,10 @@
  * epoch), so differences and sums of a few of them never overflow. */
 #define STROBE_MAX_TIME_US ((int64_t)1 << 53)
 
+#define STROBE_SAMPLES_BORROWED_TIME 1
+#define STROBE_SAMPLES_BORROWED_THREAD 2
+#define STROBE_SAMPLES_BORROWED_STATE 4
+
 /* A result's raw samples in C (samples.c), for the exporters: every stack
  * interned as a node of (parent node, frame, line), where a table frame is a
  * result frame id, and per sample its leaf node, time, thread and state. */
@@ -25,8 +29,12 @@ typedef struct strobe_samples {
     size_t n;                /* samples */
     uint32_t *node;          /* per sample: its leaf node */
     int64_t *time;           /* per sample: microseconds (CLOCK_MONOTONIC); NULL without times */
-    uint32_t *thread;        /* per sample: position in thread_ids; NULL: all thread 0 */
+    uint16_t *thread;        /* per sample: position in thread_ids; NULL: all thread 0 */
     uint8_t *state;          /* per sample: STROBE_STATE_*; NULL where the result has none */
+    /* time, thread and state may be the compact form's own columns,
+     * borrowed (not freed here); stacks (marked by the report) keeps them. */
+    unsigned borrowed;       /* STROBE_SAMPLES_BORROWED_* */
+    VALUE stacks;
     int64_t start_us;        /* when profiling started, on the clock of time (or the first time) */
     /* From the result, checked: interval (0 when absent), and started_at /
      * duration in microseconds (0 when absent), all in [0, 2**53]. */
@@ -52,7 +60,7 @@ const strobe_stacks_t *strobe_samples_stacks(VALUE result);
 /* The samples' indexes grouped by thread (in the order of thread_ids),
  * time-ordered within each; *starts gets each thread's first position
  * (threads + 1 entries). Both in r's scratch[3..5] (and 7). */
-size_t *strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts);
+uint32_t *strobe_samples_by_thread(report_t *r, const strobe_samples_t *s, size_t **starts);
 /* Thread t's name for display: Thread#name, else "main" for the main
  * thread, else "thread ID"; *is_main (if given) says whether it is main. */
 VALUE strobe_samples_thread_name(const strobe_samples_t *s, VALUE result, long t, int *is_main);

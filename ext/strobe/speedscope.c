@@ -39,7 +39,7 @@ strobe_speedscope_body(report_t *r)
     VALUE result = r->result;
     strobe_samples_t *s = r->samples_read;
     size_t *starts;
-    size_t *order = strobe_samples_by_thread(r, s, &starts);
+    uint32_t *order = strobe_samples_by_thread(r, s, &starts);
     const strobe_stack_table_t *t = &s->table;
 
     /* Every node's depth bounds the path buffer: the deepest node. */

@@ -19,7 +19,8 @@ static VALUE sym_raw;
 static void
 tree_init(report_t *r)
 {
-    r->children = st_init_numtable();
+    r->child_slots_capa = 2048;
+    r->child_slots = ZALLOC_N(uint32_t, r->child_slots_capa);
     r->nodes_capa = 1024;
     r->parent = ALLOC_N(uint32_t, r->nodes_capa);
     r->frame = ALLOC_N(uint32_t, r->nodes_capa);
@@ -40,12 +41,37 @@ tree_totals(report_t *r)
     for (uint32_t n = r->nodes; n-- > 1;) strobe_add_count(&r->total[r->parent[n]], r->total[n]);
 }
 
+static inline uint32_t
+child_hash(uint32_t parent, uint32_t frame)
+{
+    uint64_t x = ((uint64_t)parent << 32 | frame) * 0x9e3779b97f4a7c15ULL;
+    return (uint32_t)(x >> 32) ^ (uint32_t)x;
+}
+
+/* The children's slots doubled (nodes 1.. placed again). */
+static void
+grow_child_slots(report_t *r)
+{
+    if (r->child_slots_capa >= (uint32_t)1 << 31) CORRUPT("too many distinct stacks");
+    uint32_t capa = r->child_slots_capa * 2, mask = capa - 1;
+    uint32_t *slots = ZALLOC_N(uint32_t, capa);
+    for (uint32_t n = 1; n < r->nodes; n++) {
+        uint32_t i = child_hash(r->parent[n], r->frame[n]) & mask;
+        while (slots[i]) i = (i + 1) & mask;
+        slots[i] = n;
+    }
+    xfree(r->child_slots);
+    r->child_slots = slots;
+    r->child_slots_capa = capa;
+}
+
 /* The node for frame (a position in frames) under parent, made on first use. */
 static uint32_t
 tree_child(report_t *r, uint32_t parent, uint32_t frame)
 {
-    st_data_t key = ((st_data_t)parent << 32) | frame, node;
-    if (st_lookup(r->children, key, &node)) return (uint32_t)node;
+    uint32_t mask = r->child_slots_capa - 1, i = child_hash(parent, frame) & mask;
+    for (uint32_t n; (n = r->child_slots[i]) != 0; i = (i + 1) & mask)
+        if (r->parent[n] == parent && r->frame[n] == frame) return n;
     if (r->nodes == r->nodes_capa) {
         if (r->nodes_capa >= UINT32_MAX / 2) CORRUPT("too many distinct stacks");
         r->nodes_capa *= 2;
@@ -57,13 +83,15 @@ tree_child(report_t *r, uint32_t parent, uint32_t frame)
     r->parent[n] = parent;
     r->frame[n] = frame;
     r->self[n] = 0;
-    st_insert(r->children, key, n);
+    r->child_slots[i] = n;
+    if ((uint64_t)r->nodes * 2 > r->child_slots_capa) grow_child_slots(r);
     return n;
 }
 
 static void
 tree_run(report_t *r, uint32_t node, uint64_t count)
 {
+    if (!r->runs_wanted) return;
     if (r->runs && r->runs_node[r->runs - 1] == node) {
         strobe_add_count(&r->runs_count[r->runs - 1], count);
         return;
@@ -210,6 +238,7 @@ tree_body(VALUE arg)
     report_args_t *a = (report_args_t *)arg;
     report_t *r = a->r;
     strobe_report_load(r, a->result, a->keep, 1);
+    r->runs_wanted = 1;
     strobe_report_tree(r);
     VALUE h = strobe_report_tree_hash(r);
     rb_hash_aset(h, ID2SYM(rb_intern("run_nodes")), u32_array(r->runs_node, r->runs, 0));

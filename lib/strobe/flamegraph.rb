@@ -42,13 +42,19 @@ module Strobe
       @view = view
     end
 
+    # The page is written in three parts (the template around the data),
+    # never joined: the data is most of it.
     def write(io)
       # Every "<" escaped: "</script>" or "<!--" in a frame name would
-      # otherwise end or confuse the <script> element. Data first, so a
-      # title cannot pull the placeholder into <title>.
-      json = JSON.generate(data).gsub("<") { "\\u003c" }
-      html = File.read(TEMPLATE).sub(DATA_PLACEHOLDER) { json }
-      io.write(html.sub(TITLE_PLACEHOLDER) { CGI.escapeHTML(@title) })
+      # otherwise end or confuse the <script> element. The title goes into
+      # the template's part before the data only, so it cannot pull the
+      # placeholder into <title>.
+      json = JSON.generate(data)
+      json.gsub!("<") { "\\u003c" }
+      head, tail = File.read(TEMPLATE).split(DATA_PLACEHOLDER, 2)
+      io.write(head.sub(TITLE_PLACEHOLDER) { CGI.escapeHTML(@title) })
+      io.write(json)
+      io.write(tail)
     end
 
     def data
