@@ -108,9 +108,21 @@ make_segments(flame_t *f, int gaps)
         f->spans[2 * i + 1] = f->runs[i].end;
     }
     qsort(f->spans, n, 2 * sizeof(int64_t), by_start);
-    f->seg_from = flame_alloc(n, sizeof(int64_t));
-    f->seg_to = flame_alloc(n, sizeof(int64_t));
-    f->seg_at = flame_alloc(n, sizeof(int64_t));
+    /* How many segments: then as many of each. */
+    size_t segs = n ? 1 : 0;
+    int64_t reach = n ? f->spans[1] : 0;
+    for (size_t i = 1; i < n; i++) {
+        int64_t start = f->spans[2 * i], end = f->spans[2 * i + 1];
+        if (gaps && start - reach > STROBE_FLAME_GAP_US) {
+            segs++;
+            reach = end;
+        } else if (end > reach) {
+            reach = end;
+        }
+    }
+    f->seg_from = flame_alloc(segs, sizeof(int64_t));
+    f->seg_to = flame_alloc(segs, sizeof(int64_t));
+    f->seg_at = flame_alloc(segs, sizeof(int64_t));
     if (!n) return 0;
     int64_t cover = f->spans[1], covered = 0;
     f->seg_from[0] = f->spans[0];
@@ -256,12 +268,11 @@ time_mode(VALUE result)
 }
 
 /* Strobe::Native.flamegraph_data(result, keep) -> {frame_ids:, parent:,
- * frame:, self:, total:, lanes: {thread:, samples:, run_offset:, run_node:,
- * run_count:, run_start:, run_end:, self_offset:, self_node:, self_count:},
- * axis: {unit:, width:, seg_from:, seg_to:, seg_at:}}. Lane i's runs are
- * run_*[run_offset[i], run_offset[i + 1]) (self_* likewise); run_start and
- * run_end are on the axis, whose segments map the samples' clock onto it
- * (seg_from..seg_to placed at seg_at). */
+ * frame:, self:, total:, lanes: {thread:, samples:, runs:, self:},
+ * axis: {unit:, width:, seg_from:, seg_to:, seg_at:}}. Per thread i:
+ * runs[i] is {node:, count:, start:, end:} (start and end on the axis,
+ * whose segments map the samples' clock onto it: seg_from..seg_to placed
+ * at seg_at), self[i] is [nodes, counts]. */
 static VALUE
 flamegraph_data(report_t *r)
 {
@@ -296,11 +307,12 @@ flamegraph_data(report_t *r)
     }
     size_t share = STROBE_FLAME_MAX_RUNS / (size_t)(threads ? threads : 1);
     if (share < STROBE_FLAME_MIN_LANE_RUNS) share = STROBE_FLAME_MIN_LANE_RUNS;
-    VALUE samples = rb_ary_new(), self_offset = rb_ary_new(), self_node = rb_ary_new(), self_count = rb_ary_new();
+    VALUE samples = rb_ary_new(), self_list = rb_ary_new();
     for (long t = 0; t < threads; t++) {
         run_sink_t *k = &sinks[t];
         lane_first[t] = f->runs_len;
-        rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
+        VALUE self_node = rb_ary_new(), self_count = rb_ary_new();
+        rb_ary_push(self_list, rb_assoc_new(self_node, self_count));
         rb_ary_push(samples, SIZET2NUM(starts[t + 1] - starts[t]));
         if (starts[t + 1] == starts[t]) continue;
         if (total > STROBE_FLAME_MAX_RUNS && k->runs > share) {
@@ -312,32 +324,40 @@ flamegraph_data(report_t *r)
         lane_runs(k, s, node, order, starts[t], starts[t + 1], step, self_node, self_count);
     }
     lane_first[threads] = f->runs_len;
-    rb_ary_push(self_offset, LONG2NUM(RARRAY_LEN(self_node)));
+    /* What made the lanes goes before their Ruby arrays are made. */
+    xfree(r->scratch[3]); r->scratch[3] = NULL; /* order */
+    xfree(r->scratch[7]); r->scratch[7] = NULL; /* its sort's */
+    free(f->counts); f->counts = NULL;
+    free(f->touched); f->touched = NULL;
 
+    /* Each lane's runs, on the axis. */
     int64_t width = make_segments(f, s->time != NULL);
-    VALUE run_offset = rb_ary_new_capa(threads + 1), run_node = rb_ary_new_capa((long)f->runs_len),
-          run_count = rb_ary_new_capa((long)f->runs_len), run_start = rb_ary_new_capa((long)f->runs_len),
-          run_end = rb_ary_new_capa((long)f->runs_len);
-    for (long t = 0; t <= threads; t++) rb_ary_push(run_offset, SIZET2NUM(lane_first[t]));
-    for (size_t i = 0; i < f->runs_len; i++) {
-        const flame_run_t *run = &f->runs[i];
-        rb_ary_push(run_node, UINT2NUM(run->node));
-        rb_ary_push(run_count, UINT2NUM(run->count));
-        rb_ary_push(run_start, LL2NUM(on_axis(f, run->start)));
-        rb_ary_push(run_end, LL2NUM(on_axis(f, run->end)));
+    free(f->spans); f->spans = NULL;
+    VALUE runs_list = rb_ary_new_capa(threads);
+    for (long t = 0; t < threads; t++) {
+        long len = (long)(lane_first[t + 1] - lane_first[t]);
+        VALUE run_node = rb_ary_new_capa(len), run_count = rb_ary_new_capa(len), run_start = rb_ary_new_capa(len),
+              run_end = rb_ary_new_capa(len);
+        for (size_t i = lane_first[t]; i < lane_first[t + 1]; i++) {
+            const flame_run_t *run = &f->runs[i];
+            rb_ary_push(run_node, UINT2NUM(run->node));
+            rb_ary_push(run_count, UINT2NUM(run->count));
+            rb_ary_push(run_start, LL2NUM(on_axis(f, run->start)));
+            rb_ary_push(run_end, LL2NUM(on_axis(f, run->end)));
+        }
+        VALUE lane = rb_hash_new();
+        rb_hash_aset(lane, strobe_sym("node"), run_node);
+        rb_hash_aset(lane, strobe_sym("count"), run_count);
+        rb_hash_aset(lane, strobe_sym("start"), run_start);
+        rb_hash_aset(lane, strobe_sym("end"), run_end);
+        rb_ary_push(runs_list, lane);
     }
 
     VALUE lanes = rb_hash_new();
     rb_hash_aset(lanes, strobe_sym("thread"), s->thread_ids);
     rb_hash_aset(lanes, strobe_sym("samples"), samples);
-    rb_hash_aset(lanes, strobe_sym("run_offset"), run_offset);
-    rb_hash_aset(lanes, strobe_sym("run_node"), run_node);
-    rb_hash_aset(lanes, strobe_sym("run_count"), run_count);
-    rb_hash_aset(lanes, strobe_sym("run_start"), run_start);
-    rb_hash_aset(lanes, strobe_sym("run_end"), run_end);
-    rb_hash_aset(lanes, strobe_sym("self_offset"), self_offset);
-    rb_hash_aset(lanes, strobe_sym("self_node"), self_node);
-    rb_hash_aset(lanes, strobe_sym("self_count"), self_count);
+    rb_hash_aset(lanes, strobe_sym("runs"), runs_list);
+    rb_hash_aset(lanes, strobe_sym("self"), self_list);
     rb_hash_aset(h, strobe_sym("lanes"), lanes);
 
     VALUE axis = rb_hash_new();

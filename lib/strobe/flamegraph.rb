@@ -42,18 +42,16 @@ module Strobe
       @view = view
     end
 
-    # The page is written in three parts (the template around the data),
-    # never joined: the data is most of it.
+    # The page is written in parts: the template around the data, and the
+    # data a part at a time (each lane on its own), never joined, since the
+    # data is most of the page.
     def write(io)
-      # Every "<" escaped: "</script>" or "<!--" in a frame name would
-      # otherwise end or confuse the <script> element. The title goes into
-      # the template's part before the data only, so it cannot pull the
-      # placeholder into <title>.
-      json = JSON.generate(data)
-      json.gsub!("<") { "\\u003c" }
+      payload = data
+      # The title goes into the template's part before the data only, so
+      # it cannot pull the placeholder into <title>.
       head, tail = File.read(TEMPLATE).split(DATA_PLACEHOLDER, 2)
       io.write(head.sub(TITLE_PLACEHOLDER) { CGI.escapeHTML(@title) })
-      io.write(json)
+      write_data(io, payload)
       io.write(tail)
     end
 
@@ -81,14 +79,10 @@ module Strobe
       list = native[:thread].each_index.filter_map do |t|
         next if native[:samples][t].zero?
 
-        runs = native[:run_offset][t]...native[:run_offset][t + 1]
-        own = native[:self_offset][t]...native[:self_offset][t + 1]
         id = native[:thread][t]
+        nodes, counts = native[:self][t]
         { thread: id, name: id.nil? ? "all threads" : text(thread_name(id)), main: main_thread?(id),
-          samples: native[:samples][t],
-          runs: { node: native[:run_node][runs], count: native[:run_count][runs],
-                  start: native[:run_start][runs], end: native[:run_end][runs] },
-          self: { node: native[:self_node][own], count: native[:self_count][own] } }
+          samples: native[:samples][t], runs: native[:runs][t], self: { node: nodes, count: counts } }
       end
       list.sort_by.with_index { |lane, i| [lane[:main] ? 0 : 1, lane[:runs][:start].first || 0, i] }
           .map { |lane| lane.except(:main) }
@@ -141,6 +135,30 @@ module Strobe
     private
 
     TOOLTIP_LINE = 300
+
+    # payload as one JSON object, a part at a time.
+    def write_data(io, payload)
+      io.write("{")
+      payload.each_with_index do |(key, value), i|
+        io.write(i.zero? ? "#{JSON.generate(key.to_s)}:" : ",#{JSON.generate(key.to_s)}:")
+        if key == :lanes
+          io.write("[")
+          value.each_with_index { |lane, j| io.write(j.zero? ? script_json(lane) : ",#{script_json(lane)}") }
+          io.write("]")
+        else
+          io.write(script_json(value))
+        end
+      end
+      io.write("}")
+    end
+
+    # value as JSON that cannot end or confuse the <script> element it goes
+    # in: every "<" escaped ("</script>" or "<!--" in a frame name).
+    def script_json(value)
+      json = JSON.generate(value)
+      json.gsub!("<") { "\\u003c" }
+      json
+    end
 
     def well_formed?(marker)
       marker.is_a?(Hash) && marker[:name].is_a?(String) && marker[:start].is_a?(Integer) &&
