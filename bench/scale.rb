@@ -13,8 +13,9 @@
 #                 (100,000) each, reported as one (--text)
 #
 # The profile's compact size is what Strobe keeps per sample in memory
-# (12 bytes: node, time offset, thread and state) plus its node table
-# (12 bytes a node): the figure a report's memory is held against.
+# (up to 15 bytes: node, time, thread and state) plus its node table (12 bytes a
+# node): the figure a report's memory is held against (for the merge,
+# that of the merged profile: Strobe::Stacks#bytesize).
 # stackprof's Report gets the result Strobe.load builds (stackprof's raw
 # arrays) in a process limited to BENCH_PEER_GB of address space (8), and
 # is given up past BENCH_PEER_SECONDS (600).
@@ -52,7 +53,8 @@ module ScaleBench
     shell = "ulimit -v #{limit_gb * 1024 * 1024}; exec #{shell}" if limit_gb
     _, err, status = Open3.capture3("/usr/bin/time", "-f", "@@ %e %M", "timeout", PEER_SECONDS.to_s, "sh", "-c", shell)
     seconds, kb = err.lines.grep(/\A@@ /).last.to_s.split.drop(1)
-    [seconds.to_f, kb.to_i / 1024.0, status.exitstatus || 1, err.lines.grep_v(/\A@@ /).last.to_s.strip]
+    why = err.lines.grep_v(/\A@@ |\ACommand (exited|terminated)/).last.to_s.strip
+    [seconds.to_f, kb.to_i / 1024.0, status.exitstatus || 1, why]
   end
 
   def strobe(*args)
@@ -71,31 +73,53 @@ module ScaleBench
     [path, File.read("#{path}.nodes").to_i]
   end
 
+  # The merged profile's compact size (Strobe::Stacks#bytesize: nodes and
+  # columns), merged in a process of its own.
+  def merged_bytes(files)
+    code = "puts Strobe::Merge.results(ARGV.lazy.map { |f| Strobe.load(f) })[:stacks].bytesize"
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rstrobe", "-e", code, *files)
+    raise "merging failed: #{err}" unless status.success?
+
+    out.to_i
+  end
+
   def row(what, result, compact_mb)
     seconds, mb, status, last = result
-    done = status.zero? ? format("%8.1f s  %8.0f MB  %6.1f x", seconds, mb, mb / compact_mb) : "did not finish: #{last[0, 60]}"
+    done = if status.zero? then format("%8.1f s  %8.0f MB  %6.1f x", seconds, mb, mb / compact_mb)
+           elsif status == 124 then format("given up after %d s, at %.0f MB", PEER_SECONDS, mb)
+           else "did not finish: #{last[0, 60]}"
+           end
     puts format("%-44s %s", what, done)
   end
 
   def run
     FileUtils.mkdir_p(DIR)
     path, nodes = generated("one", 1, samples: SAMPLES, threads: THREADS, depth: DEPTH, stacks: STACKS)
-    compact_mb = (SAMPLES * 12 + nodes * 12) / 1e6
+    compact_mb = merged_bytes([path]) / 1e6
     puts "One profile: #{SAMPLES} samples, #{THREADS} threads, #{nodes} stack nodes; compact size #{compact_mb.round} MB"
     out = File.join(DIR, "out")
     row("strobe report --text", measure(*strobe("report", "--text", "--limit", "30", path)), compact_mb)
     row("strobe report --flamegraph", measure(*strobe("report", "--flamegraph", "-o", "#{out}.html", path)), compact_mb)
     puts format("%-44s %8.1f MB", "  flamegraph file", File.size("#{out}.html") / 1e6) if File.exist?("#{out}.html")
     row("strobe report --pprof", measure(*strobe("report", "--pprof", "-o", "#{out}.pb.gz", path)), compact_mb)
-    peer = [RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rstrobe", "-rstackprof", "-e",
-            "StackProf::Report.new(Strobe.load(ARGV[0])).print_text(false, 30, nil, nil, nil, nil, File.open(File::NULL, 'w'))", path]
-    row("stackprof Report#print_text (#{PEER_GB} GB cap)", measure(*peer, limit_gb: PEER_GB), compact_mb)
+    # stackprof's text report reads only the frames; its folded stacks
+    # need the raw arrays, which Strobe.load builds when they are read.
+    peer = lambda do |call|
+      [RbConfig.ruby, "-I#{File.join(ROOT, 'lib')}", "-rstrobe", "-rstackprof", "-e",
+       "StackProf::Report.new(Strobe.load(ARGV[0])).#{call}", path]
+    end
+    row("stackprof Report#print_text (#{PEER_GB} GB cap)",
+        measure(*peer.call("print_text(false, 30, nil, nil, nil, nil, File.open(File::NULL, 'w'))"), limit_gb: PEER_GB),
+        compact_mb)
+    row("stackprof Report#print_stackcollapse (#{PEER_GB} GB cap)",
+        measure(*peer.call("tap { $stdout.reopen(File::NULL) }.print_stackcollapse"), limit_gb: PEER_GB), compact_mb)
 
     files = (1..FILES).map do |i|
       generated("part#{i}", 100 + i, samples: FILE_SAMPLES, threads: THREADS, depth: DEPTH, stacks: STACKS / 20).first
     end
-    merged_mb = FILES * FILE_SAMPLES * 12 / 1e6
-    puts "", "A merge: #{FILES} files of #{FILE_SAMPLES} samples (#{FILES * FILE_SAMPLES} in all)"
+    merged_mb = merged_bytes(files) / 1e6
+    puts "", "A merge: #{FILES} files of #{FILE_SAMPLES} samples (#{FILES * FILE_SAMPLES} in all); " \
+             "merged compact size #{merged_mb.round} MB"
     row("strobe report --text (#{FILES} files)", measure(*strobe("report", "--text", "--limit", "30", *files)), merged_mb)
   end
 end

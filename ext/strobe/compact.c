@@ -17,10 +17,11 @@
  * which stackprof's layout, --json and Marshal dumps do). The node table
  * lets a few kilobytes describe stacks that expand to gigabytes: a 24 KB .json.gz holding a chain of
  * 10,000 nodes and 10,000 samples alternating between two leaves under it
- * made raw and raw_lines 100 million entries, 1.6 GB. So expand adds up
- * what raw would hold (per run of samples on one node, as
- * strobe_results_raw writes it: the node's depth + 2 entries), and the raw
- * arrays of a profile past strobe_expand_limit are refused (the profile
+ * made raw and raw_lines 100 million entries, 1.6 GB. So expand gives the
+ * profile's compact form strobe_expand_limit, and what raw would hold
+ * (per run of samples on one node, as strobe_results_raw writes it: the
+ * node's depth + 2 entries) is added up when the raw arrays are first
+ * asked for (stacks.c): past the limit they are refused (the profile
  * itself loads, and its reports read the compact form):
  *   max(FLOOR, min(PER_NUMBER x the numbers of the stacks section,
  *                  PER_BYTE x the bytes of the file as stored)).
@@ -211,7 +212,6 @@ native_compact(VALUE self, VALUE raw, VALUE raw_lines, VALUE timestamps, VALUE s
 
 typedef struct {
     strobe_node_t *nodes;
-    uint32_t *depth;         /* per node: its frames (the root 0) */
     uint32_t *sample_nodes;
     int64_t *times;
     uint16_t *threads;
@@ -222,7 +222,7 @@ static VALUE
 free_buffers(VALUE arg)
 {
     expand_buffers_t *b = (expand_buffers_t *)arg;
-    free(b->nodes); free(b->depth); free(b->sample_nodes); free(b->times); free(b->threads); free(b->states);
+    free(b->nodes); free(b->sample_nodes); free(b->times); free(b->threads); free(b->states);
     return Qnil;
 }
 
@@ -246,8 +246,7 @@ expand_body(VALUE arg)
     if (nodes_len > (long)UINT32_MAX) CORRUPT("too many nodes");
 
     b->nodes = calloc((size_t)nodes_len, sizeof(strobe_node_t));
-    b->depth = calloc((size_t)nodes_len, sizeof(uint32_t));
-    if (!b->nodes || !b->depth) rb_memerror();
+    if (!b->nodes) rb_memerror();
     for (long k = 1; k < nodes_len; k++) {
         long parent = strobe_column_next(&a->nodes);
         long frame = strobe_column_next(&a->nodes);
@@ -256,7 +255,6 @@ expand_body(VALUE arg)
         if (frame < 0 || frame >= frames_len) CORRUPT("node %ld refers to frame %ld of %ld", k, frame, frames_len);
         if (line < INT32_MIN || line > INT32_MAX) CORRUPT("node %ld has line %ld", k, line);
         b->nodes[k] = (strobe_node_t){ (uint32_t)parent, (uint32_t)frame, (int32_t)line };
-        b->depth[k] = b->depth[parent] + 1; /* at most k: no overflow */
     }
 
     long n = a->samples.len;
@@ -275,13 +273,9 @@ expand_body(VALUE arg)
     b->states = calloc((size_t)(n ? n : 1), 1);
     if (!b->sample_nodes || !b->times || !b->threads || !b->states) rb_memerror();
     int64_t start = a->start_time, t = start;
-    uint64_t entries = 0; /* what raw will hold (see the top of this file) */
     for (long k = 0; k < n; k++) {
         long node = strobe_column_next(&a->samples);
         if (node <= 0 || node >= nodes_len) CORRUPT("sample %ld refers to node %ld of %ld", k, node, nodes_len - 1);
-        if ((k == 0 || b->sample_nodes[k - 1] != (uint32_t)node) &&
-            __builtin_add_overflow(entries, (uint64_t)b->depth[node] + 2, &entries))
-            entries = UINT64_MAX;
         b->sample_nodes[k] = (uint32_t)node;
         if (deltas_len) {
             if (__builtin_add_overflow(t, (int64_t)strobe_column_next(&a->deltas), &t))
@@ -308,13 +302,12 @@ expand_body(VALUE arg)
                                        deltas_len ? &b->times : NULL, a->thread_ids, threads_len ? &b->threads : NULL,
                                        states_len ? &b->states : NULL, start);
     /* Reports and exports read the compact form as it is; only the raw
-     * arrays, if asked for, would expand past the limit. */
-    if (entries > limit)
-        strobe_stacks_refuse_raw(stacks, rb_sprintf("its %ld samples' stacks would expand to %"PRIu64" raw entries, over "
-                                                    "this file's limit of %"PRIu64" (%d per number of its stacks section "
-                                                    "and %d per byte of the file, at least %"PRIu64")",
-                                                    n, entries, limit, STROBE_EXPAND_PER_NUMBER, STROBE_EXPAND_PER_BYTE,
-                                                    STROBE_EXPAND_FLOOR));
+     * arrays, if asked for, would expand past the limit (what they would
+     * hold is added up then: stacks.c). */
+    strobe_stacks_limit_raw(stacks, limit, rb_sprintf("this file's limit of %"PRIu64" (%d per number of its stacks section "
+                                                      "and %d per byte of the file, at least %"PRIu64")",
+                                                      limit, STROBE_EXPAND_PER_NUMBER, STROBE_EXPAND_PER_BYTE,
+                                                      STROBE_EXPAND_FLOOR));
     strobe_stacks_attach(a->result, stacks);
     return a->result;
 }
@@ -323,7 +316,7 @@ static VALUE
 expand(expand_args_t *a, VALUE result, VALUE frame_ids, VALUE thread_ids, VALUE stored)
 {
     Check_Type(result, T_HASH);
-    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL, NULL };
+    expand_buffers_t b = { NULL, NULL, NULL, NULL, NULL };
     a->b = &b;
     a->result = result;
     a->frame_ids = frame_ids;

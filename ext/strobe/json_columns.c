@@ -51,12 +51,37 @@ skip_string(const char *p, const char *end, int *escaped)
     return NULL;
 }
 
+/* p just after a '[': the position after the array if it is a list of
+ * integers (most of a file: its columns), else NULL. */
+static const char *
+skip_integer_list(const char *p, const char *end)
+{
+    p = skip_ws(p, end);
+    if (p < end && *p == ']') return p + 1;
+    for (;;) {
+        if (p < end && *p == '-') p++;
+        const char *digits = p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == digits) return NULL;
+        p = skip_ws(p, end);
+        if (p >= end) return NULL;
+        if (*p == ']') return p + 1;
+        if (*p != ',') return NULL;
+        p = skip_ws(p + 1, end);
+    }
+}
+
 /* p at the start of a value: the position after it, or NULL. */
 static const char *
 skip_value(const char *p, const char *end, int depth)
 {
     if (p >= end || depth > STROBE_JSON_MAX_DEPTH) return NULL;
     if (*p == '"') return skip_string(p, end, NULL);
+    if (*p == '[') {
+        /* Anything but integers: walked value by value below. */
+        const char *after = skip_integer_list(p + 1, end);
+        if (after) return after;
+    }
     if (*p == '{' || *p == '[') {
         char close = *p == '{' ? '}' : ']';
         p = skip_ws(p + 1, end);

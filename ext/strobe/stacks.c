@@ -18,6 +18,7 @@
 #include "stacks.h"
 #include "results.h"
 #include "sampling.h"
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +31,7 @@ stacks_mark(void *ptr)
     rb_gc_mark(s->frame_ids);
     rb_gc_mark(s->thread_ids);
     rb_gc_mark(s->raw_refusal);
+    rb_gc_mark(s->raw_limit_why);
 }
 
 static void
@@ -111,7 +113,7 @@ stacks_make(VALUE frame_ids, VALUE thread_ids, uint32_t nodes_len, size_t n, int
 {
     strobe_stacks_t *s;
     VALUE obj = TypedData_Make_Struct(cStacks, strobe_stacks_t, &stacks_type, s);
-    s->raw_refusal = Qnil;
+    s->raw_refusal = s->raw_limit_why = Qnil;
     s->frame_ids = s->thread_ids = Qnil;
     s->frame_ids = rb_ary_dup(frame_ids);
     s->thread_ids = rb_ary_dup(thread_ids);
@@ -181,6 +183,53 @@ strobe_stacks_refuse_raw(VALUE stacks, VALUE why)
 }
 
 void
+strobe_stacks_limit_raw(VALUE stacks, uint64_t limit, VALUE why)
+{
+    strobe_stacks_t *s = RTYPEDDATA_DATA(stacks);
+    s->raw_limit = limit;
+    RB_OBJ_WRITE(stacks, &s->raw_limit_why, rb_str_freeze(why));
+}
+
+/* What the raw arrays would hold: per run of samples on one node (as
+ * strobe_results_raw writes them), the node's depth + 2 entries;
+ * UINT64_MAX past that. */
+static uint64_t
+raw_entries(const strobe_stacks_t *s)
+{
+    uint32_t *depth = malloc(sizeof(uint32_t) * s->nodes_len);
+    if (!depth) rb_memerror();
+    depth[0] = 0;
+    for (uint32_t i = 1; i < s->nodes_len; i++) depth[i] = depth[s->nodes[i].parent] + 1; /* parents first */
+    uint64_t entries = 0;
+    for (size_t k = 0; k < s->n; k++) {
+        if (k && s->node[k] == s->node[k - 1]) continue;
+        if (__builtin_add_overflow(entries, (uint64_t)depth[s->node[k]] + 2, &entries)) {
+            entries = UINT64_MAX;
+            break;
+        }
+    }
+    free(depth);
+    return entries;
+}
+
+VALUE
+strobe_stacks_refusal(VALUE stacks)
+{
+    strobe_stacks_t *s = strobe_stacks_get(stacks) ? RTYPEDDATA_DATA(stacks) : NULL;
+    if (!s) return Qnil;
+    if (NIL_P(s->raw_refusal) && s->raw_limit) {
+        uint64_t entries = raw_entries(s);
+        if (entries > s->raw_limit)
+            RB_OBJ_WRITE(stacks, &s->raw_refusal,
+                         rb_str_freeze(rb_sprintf("its %zu samples' stacks would expand to %"PRIu64" raw entries, over %"PRIsVALUE,
+                                                  s->n, entries, s->raw_limit_why)));
+        s->raw_limit = 0;
+        RB_OBJ_WRITE(stacks, &s->raw_limit_why, Qnil);
+    }
+    return s->raw_refusal;
+}
+
+void
 strobe_stacks_attach(VALUE result, VALUE stacks)
 {
     rb_hash_aset(result, strobe_sym("stacks"), stacks);
@@ -211,7 +260,8 @@ static VALUE
 stacks_raw_arrays(VALUE self)
 {
     const strobe_stacks_t *s = stacks_of(self);
-    if (!NIL_P(s->raw_refusal)) rb_raise(strobe_eProfileError, "%"PRIsVALUE, s->raw_refusal);
+    VALUE refusal = strobe_stacks_refusal(self);
+    if (!NIL_P(refusal)) rb_raise(strobe_eProfileError, "%"PRIsVALUE, refusal);
     if (s->n > UINT32_MAX) rb_raise(strobe_eProfileError, "too many samples for raw arrays");
     VALUE h = rb_hash_new();
     strobe_results_raw(h, s->nodes, (uint32_t)s->n, s->node, s->time, s->thread_ids, s->thread, s->state, s->start_us,

@@ -20,6 +20,8 @@ typedef struct {
     VALUE thread_ids;        /* Array: the result's thread ids */
     int64_t start_us;        /* when sampling started, on the clock of time */
     VALUE raw_refusal;       /* a String: why the raw arrays are not built; nil: they may be */
+    uint64_t raw_limit;      /* if not 0: the most raw entries they may have, checked when first asked */
+    VALUE raw_limit_why;     /* that limit, named for the refusal */
 } strobe_stacks_t;
 
 /* A new Strobe::Stacks holding copies of the columns given (times, threads
@@ -68,6 +70,14 @@ uint32_t *strobe_stacks_map_new(const strobe_stacks_t *st, VALUE *buffer, uint32
 /* From now on, stacks' raw arrays are refused with ProfileError(why): a
  * file whose raw arrays would expand past its limit (compact.c). */
 void strobe_stacks_refuse_raw(VALUE stacks, VALUE why);
+/* Limits the raw arrays to limit entries (why names the limit in the
+ * refusal), without adding up what they would hold yet: that is done
+ * (once) when they are built or the refusal is asked for, since it reads
+ * a node's depth per run of samples. */
+void strobe_stacks_limit_raw(VALUE stacks, uint64_t limit, VALUE why);
+/* Why stacks' raw arrays are refused (a String), or nil: its refusal, or
+ * the limit's, checked now if it was not. */
+VALUE strobe_stacks_refusal(VALUE stacks);
 /* The compact form inside obj, or NULL when obj is no Strobe::Stacks. */
 const strobe_stacks_t *strobe_stacks_get(VALUE obj);
 void strobe_stacks_define(VALUE mStrobe);

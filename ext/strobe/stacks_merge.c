@@ -152,7 +152,8 @@ builder_add(VALUE self, VALUE stacks, VALUE frame_map)
     Check_Type(frame_map, T_HASH);
     if (b->finished) rb_raise(rb_eRuntimeError, "the merge is finished");
     if (!b->added) b->start_us = st->start_us;
-    if (!NIL_P(st->raw_refusal)) RB_OBJ_WRITE(self, &b->raw_refusal, st->raw_refusal);
+    VALUE refusal = strobe_stacks_refusal(stacks);
+    if (!NIL_P(refusal)) RB_OBJ_WRITE(self, &b->raw_refusal, refusal);
     b->added = 1;
     b->all_times &= st->time != NULL;
     b->all_threads &= st->thread != NULL;

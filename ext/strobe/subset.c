@@ -384,8 +384,8 @@ subset_body(VALUE arg)
                                    s->threads ? s->threads : no_threads,
                                    has_states ? (s->states ? s->states : (const uint8_t *)"") : NULL, start);
     /* A part of a profile whose raw arrays are refused: its own too. */
-    const strobe_stacks_t *whole = strobe_stacks_get(rb_hash_lookup2(result, strobe_sym("stacks"), Qnil));
-    if (whole && !NIL_P(whole->raw_refusal)) strobe_stacks_refuse_raw(part, whole->raw_refusal);
+    VALUE refusal = strobe_stacks_refusal(rb_hash_lookup2(result, strobe_sym("stacks"), Qnil));
+    if (!NIL_P(refusal)) strobe_stacks_refuse_raw(part, refusal);
     strobe_stacks_attach(out, part);
     return out;
 }
