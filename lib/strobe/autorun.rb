@@ -131,10 +131,12 @@ module Strobe
       end
 
       @pid = Process.pid
+      # Before the announcement: a Ctrl-C as soon as it is read still
+      # leaves the profile served.
+      at_exit { keep_serving(server) }
       @err.puts "strobe: serving the profile of process #{@pid} at #{server.url}"
       @err.puts "strobe: in Strobe's format at #{server.strobe_url} (strobe report reads it)"
       @err.puts "strobe: open #{server.profiler_url}"
-      at_exit { keep_serving(server) }
       true
     rescue StandardError => e
       server&.stop
