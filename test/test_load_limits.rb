@@ -120,6 +120,9 @@ class TestLoadLimits < Minitest::Test
     assert_equal 1700, loaded[:stacks].size
     error = assert_raises(Strobe::ProfileError) { loaded[:raw] }
     assert_match(/\Aits 1700 samples' stacks would expand to 17005100 raw entries, /, error.message)
+    # Refused every time, not once (the review's: then nil, silently).
+    assert_raises(Strobe::ProfileError) { loaded[:raw] }
+    assert_raises(Strobe::ProfileError) { Strobe.expand(loaded) }
     error = assert_raises(Strobe::ProfileError) { Strobe::Merge.results([loaded, loaded])[:raw] }
     assert_match(/would expand/, error.message, "nor those of a merge with it")
     assert_match(/over this file's limit of #{FLOOR} \(#{PER_NUMBER} per number of its stacks section and #{PER_BYTE} per byte of the file, at least #{FLOOR}\)\z/,

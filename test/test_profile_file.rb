@@ -249,36 +249,77 @@ class TestProfileFile < Minitest::Test
     assert_nil Strobe::Native.stacks_range("#{text}x")
   end
 
-  def test_columns_read_from_the_text_are_checked
+  # What a text reads to (its expanded result, or the ProfileError), and
+  # what JSON.parse makes of it: the key written with an escape, which the
+  # text path leaves to JSON.parse.
+  def outcome(text)
+    Strobe.expand(Strobe::ProfileFile.parse(text.dup, "p"))
+  rescue Strobe::ProfileError => e
+    e.message
+  end
+
+  def assert_read_as_json_parse_reads(text, via_text: nil)
+    parsed = text.sub('"stacks":', '"st\\u0061cks":')
+    refute_equal text, parsed
+    assert_nil Strobe::Native.stacks_range(parsed)
+    assert_equal via_text, !Strobe::Native.stacks_range(text).nil?, text[-300..] unless via_text.nil?
+    assert_equal outcome(parsed), outcome(text), text[-300..]
+  end
+
+  # The review's: a stacks section that is an Array is no text range, and
+  # a profile read as UTF-8 (File.read) is not taken for gzip by its bytes.
+  def test_a_stacks_array_is_malformed_and_any_encoding_reads
+    doc = Strobe::ProfileFile.encode(profile)
+    fake = JSON.generate(doc.merge(stacks: ["{\"nodes\":[0,0,1],\"samples\":[1,1,1]}", 0, 36]))
+    assert_corrupt fake, %r{/bad.json: stacks is not an object\z}
+    assert_corrupt JSON.generate(doc.merge(stacks: ["x", 0, 10**20])), %r{/bad.json: stacks is not an object\z}
+    path = File.join(@dir, "utf8.json")
+    doc[:frames].first[:name] = "caf\u00e9 \u2603"
+    File.write(path, JSON.generate(doc))
+    utf8 = File.read(path, encoding: "UTF-8")
+    assert_equal Strobe.expand(Strobe.load(path)), Strobe.expand(Strobe::ProfileFile.parse(utf8, "p"))
+  end
+
+  def test_columns_read_from_the_text_read_as_json_parse_reads_them
     doc = Strobe::ProfileFile.encode(profile)
     text = JSON.generate(doc)
     samples = JSON.generate(doc[:stacks][:samples])
+    deltas = JSON.generate(doc[:stacks][:deltas])
     column = ->(value) { text.sub("\"samples\":#{samples}", "\"samples\":#{value}") }
     first = doc[:stacks][:samples].first
     rest = doc[:stacks][:samples].drop(1).join(",")
-    assert_corrupt column.call("[#{first}.0,#{rest}]"), /samples\[0\] is not an integer in range/
-    assert_corrupt column.call("[#{first}e0,#{rest}]"), /samples\[0\] is not an integer in range/
-    assert_corrupt column.call("[#{first},\"2\"]"), /samples\[1\] is not an integer in range/
-    assert_corrupt column.call("[#{first},[2]]"), /samples\[1\] is not an integer in range/
-    assert_corrupt column.call("[#{first},#{'9' * 19}]"), /samples\[1\] is not an integer in range/
-    # Bad syntax is left to JSON.parse, which says so.
-    assert_corrupt column.call("[#{first},,#{rest}]"), /not valid JSON/
-    assert_corrupt column.call("[#{first} #{rest}]"), /not valid JSON/
-    assert_corrupt column.call("{}"), /samples is not an array/
-    assert_corrupt column.call("null"), /samples is not an array/
-    # Negative and leading-zero numbers: the first is read (and refused as
-    # a node), the second is not JSON.
-    assert_corrupt column.call("[-1,#{rest}]"), /sample 0 refers to node -1/
-    assert_corrupt column.call("[01,#{rest}]"), /samples\[0\] is not an integer in range/
-    # The optional columns may be null or absent, as parsed files have them.
-    deltas = JSON.generate(doc[:stacks][:deltas])
-    no_deltas = Strobe::ProfileFile.parse(text.sub("\"deltas\":#{deltas}", '"deltas":null'), "p")
-    assert_nil Strobe.expand(no_deltas)[:raw_sample_timestamps]
-    assert_equal doc[:samples], no_deltas[:samples]
-    assert_corrupt text.sub(/"start_time":\d+/, '"start_time":1.5'), /start_time is not an integer in range/
-    # Unknown keys in the section are skipped, whatever they hold.
-    extra = text.sub('"stacks":{', '"stacks":{"later":{"a":[1,{"b":"}]"}]},')
-    assert_equal Strobe.expand(Strobe::ProfileFile.parse(text.dup, "p")), Strobe.expand(Strobe::ProfileFile.parse(extra, "p"))
+    # Read from the text: integers, however large a Fixnum may be.
+    assert_read_as_json_parse_reads text, via_text: true
+    assert_read_as_json_parse_reads column.call("[#{first},#{2**62 - 1}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("[#{first},#{2**62}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("[#{first},-#{2**62}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("[#{first},-#{2**62 + 1}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("[#{first},#{'9' * 25}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("[-1,#{rest}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("[-0,#{rest}]"), via_text: true
+    assert_read_as_json_parse_reads column.call("null"), via_text: true
+    assert_read_as_json_parse_reads text.sub("\"deltas\":#{deltas}", '"deltas":null'), via_text: true
+    assert_read_as_json_parse_reads text.sub(/"start_time":\d+/, "\"start_time\":#{2**62 - 1}"), via_text: true
+    assert_read_as_json_parse_reads text.sub(/"start_time":\d+/, '"start_time":null'), via_text: true
+    # Left to JSON.parse: whatever Strobe does not write there.
+    ["[#{first}.0,#{rest}]", "[#{first}e0,#{rest}]", "[#{first},\"2\"]", "[#{first},[2]]", "[01,#{rest}]",
+     "[#{first},,#{rest}]", "[#{first} #{rest}]", "{}", "false", "[#{first},/*c*/#{rest}]", "[#{first},tru]"].each do |value|
+      assert_read_as_json_parse_reads column.call(value), via_text: false
+    end
+    [text.sub("\"deltas\":#{deltas}", '"deltas":false'),
+     text.sub(/"start_time":\d+/, '"start_time":1.5'),
+     text.sub(/"start_time":\d+/, '"start_time":false'),
+     text.sub('"stacks":{', '"stacks":{"deltas":"x",'),
+     text.sub('"stacks":{', '"stacks":{"later":{"a":[1,{"b":"}]"}]},'),
+     text.sub(/"start_time"/, '"st\\u0061rt_time"'),
+     text.sub('"stacks":{', '"stacks":{"x":1/*,"samples":[1],"y":2*/,'),
+     text.sub('"stacks":{', '"stacks":{"x":1//,"samples":[1]\n,')].each do |variant|
+      assert_read_as_json_parse_reads variant, via_text: false
+    end
+    # A comment or bare word anywhere the scan passes gives the text up.
+    assert_nil Strobe::Native.stacks_range(text.sub('"mode":', '/* c */"mode":'))
+    assert_nil Strobe::Native.stacks_range(text.sub(/"samples":(\d+)/, '"samples":\1/*,"stacks":{}*/'))
+    assert_nil Strobe::Native.stacks_range(text.sub(/"samples":(\d+)/, '"samples":NaN'))
   end
 
   # --- saving safely (issue 18) ---

@@ -11,11 +11,14 @@
  * compact.c each column as a cursor over the text itself, whose every
  * number was checked to be an integer when the cursor was made.
  *
- * The scanner is strict where it reads and gives up where it does not
- * need to understand: stacks_range answers nil for anything unusual (bad
- * syntax, a key spelled with escapes, a key twice), and the caller then
- * parses the whole text with JSON.parse as before, whose errors say what
- * is wrong.
+ * The text path must read a file exactly as JSON.parse would, so it takes
+ * only what it can read without doubt: stacks_range answers nil for
+ * anything but strict JSON in what it scans (no comments, no bare words, no
+ * control characters in strings), a top-level key written with escapes or
+ * given twice, or a stacks section other than Strobe writes (another key,
+ * a key twice or escaped, a column not a list of integers or null). The
+ * caller then parses the whole text with JSON.parse as before, whose
+ * results and errors are the reference.
  *
  * GVL held; not signal-safe.
  */
@@ -24,9 +27,10 @@
 
 /* Nesting deeper than this in a value the scanner skips: give up. */
 #define STROBE_JSON_MAX_DEPTH 512
-/* A column's integers have at most this many digits: below 2**62, so each
- * is a Fixnum, as JSON.parse would give it. */
-#define STROBE_JSON_MAX_DIGITS 18
+/* A column's integers are Fixnums, as JSON.parse gives them: from -2**62
+ * to 2**62 - 1, so at most 19 digits. */
+#define STROBE_JSON_MAX_DIGITS 19
+#define STROBE_JSON_FIXNUM_LIMIT ((uint64_t)1 << 62)
 
 static const char *
 skip_ws(const char *p, const char *end)
@@ -43,12 +47,42 @@ skip_string(const char *p, const char *end, int *escaped)
     if (escaped) *escaped = 0;
     for (p++; p < end; p++) {
         if (*p == '"') return p + 1;
+        if ((unsigned char)*p < 0x20) return NULL; /* not in a JSON string */
         if (*p == '\\') {
             if (escaped) *escaped = 1;
             if (++p == end) return NULL;
         }
     }
     return NULL;
+}
+
+/* p at a number, true, false or null, as JSON writes them: the position
+ * after it, or NULL (for anything else: a comment, NaN, a bare word). */
+static const char *
+skip_scalar(const char *p, const char *end)
+{
+    static const char *const words[] = { "true", "false", "null" };
+    for (int w = 0; w < 3; w++) {
+        size_t len = strlen(words[w]);
+        if ((size_t)(end - p) >= len && memcmp(p, words[w], len) == 0) return p + len;
+    }
+    if (p < end && *p == '-') p++;
+    const char *digits = p;
+    while (p < end && *p >= '0' && *p <= '9') p++;
+    if (p == digits || (p - digits > 1 && *digits == '0')) return NULL;
+    if (p < end && *p == '.') {
+        const char *fraction = ++p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == fraction) return NULL;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        const char *exponent = p;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+        if (p == exponent) return NULL;
+    }
+    return p;
 }
 
 /* p just after a '[': the position after the array if it is a list of
@@ -62,7 +96,7 @@ skip_integer_list(const char *p, const char *end)
         if (p < end && *p == '-') p++;
         const char *digits = p;
         while (p < end && *p >= '0' && *p <= '9') p++;
-        if (p == digits) return NULL;
+        if (p == digits || (p - digits > 1 && *digits == '0')) return NULL;
         p = skip_ws(p, end);
         if (p >= end) return NULL;
         if (*p == ']') return p + 1;
@@ -101,11 +135,7 @@ skip_value(const char *p, const char *end, int depth)
             p = skip_ws(p + 1, end);
         }
     }
-    /* A number, true, false or null: up to what ends it. */
-    const char *start = p;
-    while (p < end && *p != ',' && *p != '}' && *p != ']' && *p != ' ' && *p != '\n' && *p != '\r' && *p != '\t')
-        p++;
-    return p > start ? p : NULL;
+    return skip_scalar(p, end);
 }
 
 static int
@@ -114,10 +144,57 @@ key_is(const char *key, long len, const char *name)
     return (size_t)len == strlen(name) && memcmp(key, name, (size_t)len) == 0;
 }
 
+/* The keys of a stacks section as Strobe writes it: five columns, and the
+ * start time. */
+static const char *const stacks_keys[] = { "nodes", "samples", "deltas", "threads", "states", "start_time" };
+#define STROBE_STACKS_KEYS 6
+
+/* p at a '{': the position after it if it is a stacks section the text
+ * path reads exactly as JSON.parse would (each key once, unescaped, one of
+ * stacks_keys; a column a list of integers or null, the start time an
+ * integer or null), else NULL. */
+static const char *
+stacks_object(const char *p, const char *end)
+{
+    int seen[STROBE_STACKS_KEYS] = { 0 };
+    p = skip_ws(p + 1, end);
+    if (p < end && *p == '}') return p + 1;
+    for (;;) {
+        int escaped, k = 0;
+        const char *key = p + 1;
+        if (p >= end || *p != '"' || !(p = skip_string(p, end, &escaped)) || escaped) return NULL;
+        long key_len = (long)(p - 1 - key);
+        while (k < STROBE_STACKS_KEYS && !key_is(key, key_len, stacks_keys[k])) k++;
+        if (k == STROBE_STACKS_KEYS || seen[k]++) return NULL;
+        p = skip_ws(p, end);
+        if (p >= end || *p != ':') return NULL;
+        p = skip_ws(p + 1, end);
+        if (end - p >= 4 && memcmp(p, "null", 4) == 0) {
+            p += 4;
+        } else if (k < 5) {
+            if (p >= end || *p != '[' || !(p = skip_integer_list(p + 1, end))) return NULL;
+        } else {
+            const char *q = p < end && *p == '-' ? p + 1 : p, *digits = q;
+            while (q < end && *q >= '0' && *q <= '9') q++;
+            if (q == digits || (q - digits > 1 && *digits == '0') ||
+                (q < end && (*q == '.' || *q == 'e' || *q == 'E')))
+                return NULL;
+            p = q;
+        }
+        p = skip_ws(p, end);
+        if (p >= end) return NULL;
+        if (*p == '}') return p + 1;
+        if (*p != ',') return NULL;
+        p = skip_ws(p + 1, end);
+    }
+}
+
 /* Strobe::Native.stacks_range(text) -> [from, to], the byte range of the
  * value of the top-level key "stacks" of a Strobe profile file's JSON
- * text; nil unless the text is one object holding "strobe_file" and an
- * object under "stacks", each once, no key written with escapes. */
+ * text; nil unless the text is one object holding "strobe_file" and a
+ * stacks section as Strobe writes it (stacks_object), each once, no
+ * top-level key written with escapes, and what the scan skips strict JSON
+ * (no comments, no bare words). */
 static VALUE
 native_stacks_range(VALUE self, VALUE text)
 {
@@ -136,11 +213,12 @@ native_stacks_range(VALUE self, VALUE text)
         p = skip_ws(p, end);
         if (p >= end || *p != ':') return Qnil;
         const char *value = p = skip_ws(p + 1, end);
-        if (!(p = skip_value(p, end, 1))) return Qnil;
         if (key_is(key, key_len, "stacks")) {
-            if (from || *value != '{') return Qnil;
+            if (from || p >= end || *p != '{' || !(p = stacks_object(p, end))) return Qnil;
             from = value;
             to = p;
+        } else if (!(p = skip_value(p, end, 1))) {
+            return Qnil;
         } else if (key_is(key, key_len, "strobe_file")) {
             if (strobe_file++) return Qnil;
         }
@@ -154,17 +232,25 @@ native_stacks_range(VALUE self, VALUE text)
     return rb_assoc_new(LONG2NUM(from - base), LONG2NUM(to - base));
 }
 
-/* p at an integer of a column (entry i; -1: a single value): the position after it. Anything
- * else, or an integer out of range, raises ProfileError. */
+/* p at an integer of a column (entry i; -1: a single value): the position
+ * after it. Anything but an integer raises ProfileError; one beyond the
+ * Fixnums (which JSON.parse makes a Bignum) clears *in_range (or raises,
+ * without in_range), its digits passed over. */
 static const char *
-check_integer(const char *p, const char *end, const char *what, long i)
+check_integer(const char *p, const char *end, const char *what, long i, int *in_range)
 {
-    const char *digits = p < end && *p == '-' ? p + 1 : p, *q = digits;
-    while (q < end && *q >= '0' && *q <= '9') q++;
+    int negative = p < end && *p == '-';
+    const char *digits = negative ? p + 1 : p, *q = digits;
+    uint64_t v = 0;
+    while (q < end && *q >= '0' && *q <= '9' && q - digits < STROBE_JSON_MAX_DIGITS) v = v * 10 + (uint64_t)(*q++ - '0');
     long n = (long)(q - digits);
-    if (n == 0 || n > STROBE_JSON_MAX_DIGITS || (n > 1 && *digits == '0') ||
-        (q < end && (*q == '.' || *q == 'e' || *q == 'E')))
-    {
+    int more = q < end && *q >= '0' && *q <= '9'; /* past 19 digits */
+    while (q < end && *q >= '0' && *q <= '9') q++;
+    int integer = n > 0 && !(n > 1 && *digits == '0') && !(q < end && (*q == '.' || *q == 'e' || *q == 'E'));
+    int fixnum = !more && v <= (negative ? STROBE_JSON_FIXNUM_LIMIT : STROBE_JSON_FIXNUM_LIMIT - 1);
+    if (in_range && integer) {
+        *in_range = fixnum;
+    } else if (!integer || !fixnum) {
         if (i < 0) CORRUPT("%s is not an integer in range", what);
         CORRUPT("%s[%ld] is not an integer in range", what, i);
     }
@@ -177,14 +263,19 @@ check_integer(const char *p, const char *end, const char *what, long i)
 static const char *
 column_of_text(strobe_column_t *c, const char *p, const char *end, const char *what, int empty_if_null)
 {
-    *c = (strobe_column_t){ Qnil, NULL, NULL, 0, 0, what };
+    *c = (strobe_column_t){ Qnil, NULL, NULL, 0, 0, -1, what };
     if (empty_if_null && end - p >= 4 && memcmp(p, "null", 4) == 0) return p + 4;
     if (p >= end || *p != '[') CORRUPT("%s is not an array", what);
     c->p = p + 1;
     p = skip_ws(p + 1, end);
     if (p < end && *p != ']') {
         for (;;) {
-            p = skip_ws(check_integer(p, end, what, c->len++), end);
+            int in_range;
+            p = skip_ws(check_integer(p, end, what, c->len, &in_range), end);
+            /* Raised when read, as for an Array: a file with several faults
+             * names the same one either way. */
+            if (!in_range && c->bad_at < 0) c->bad_at = c->len;
+            c->len++;
             if (p < end && *p == ']') break;
             if (p >= end || *p != ',') CORRUPT("%s is not an array of integers", what);
             p = skip_ws(p + 1, end);
@@ -198,7 +289,7 @@ column_of_text(strobe_column_t *c, const char *p, const char *end, const char *w
 void
 strobe_column_of_array(strobe_column_t *c, VALUE ary, const char *what, int empty_if_nil)
 {
-    *c = (strobe_column_t){ ary, NULL, NULL, 0, 0, what };
+    *c = (strobe_column_t){ ary, NULL, NULL, 0, 0, -1, what };
     if (NIL_P(ary) && empty_if_nil) return; /* empty: never read */
     if (!RB_TYPE_P(ary, T_ARRAY)) CORRUPT("%s is not an array", what);
     c->len = RARRAY_LEN(ary);
@@ -209,6 +300,7 @@ strobe_column_next(strobe_column_t *c)
 {
     long i = c->at++;
     if (!NIL_P(c->ary)) return strobe_fixnum_at(c->ary, i, c->what);
+    if (i == c->bad_at) CORRUPT("%s[%ld] is not an integer in range", c->what, i);
     /* Checked when the cursor was made: whitespace, commas and integers
      * of at most 18 digits. */
     const char *p = c->p;
@@ -229,7 +321,7 @@ strobe_json_stacks_read(strobe_json_stacks_t *s, VALUE text, long from, long to)
     strobe_column_t *columns[] = { &s->nodes, &s->samples, &s->deltas, &s->threads, &s->states };
     static const char *const keys[] = { "nodes", "samples", "deltas", "threads", "states" };
     static const char *const names[] = { "nodes", "samples", "sample_deltas", "sample_threads", "sample_states" };
-    for (int k = 0; k < 5; k++) *columns[k] = (strobe_column_t){ Qnil, NULL, NULL, 0, 0, names[k] };
+    for (int k = 0; k < 5; k++) *columns[k] = (strobe_column_t){ Qnil, NULL, NULL, 0, 0, -1, names[k] };
     int given[5] = { 0 };
     s->start_time = 0;
     p = skip_ws(p, end);
@@ -256,8 +348,8 @@ strobe_json_stacks_read(strobe_json_stacks_t *s, VALUE text, long from, long to)
             } else {
                 const char *q = p;
                 if (p >= end || (*p != '-' && (*p < '0' || *p > '9'))) CORRUPT("start_time is not an integer in range");
-                p = check_integer(p, end, "start_time", -1);
-                strobe_column_t one = { Qnil, q, p, 1, 0, "start_time" };
+                p = check_integer(p, end, "start_time", -1, NULL);
+                strobe_column_t one = { Qnil, q, p, 1, 0, -1, "start_time" };
                 s->start_time = strobe_column_next(&one);
             }
         } else if (!(p = skip_value(p, end, 2))) {

@@ -19,6 +19,7 @@ typedef struct {
     const char *p, *end;     /* text: what is left of the array's contents */
     long len;                /* entries */
     long at;                 /* the next entry's index */
+    long bad_at;             /* text: the first entry beyond the Fixnums, raised when read; -1 none */
     const char *what;        /* its name in error messages */
 } strobe_column_t;
 

@@ -124,7 +124,7 @@ module Strobe
     # URL): what Strobe.load does, the file read once (it may be a pipe).
     def read_profile(file, name, marshal)
       bytes = ProfileFile.read_bytes(file, name)
-      if marshal && bytes.start_with?(ProfileFile::MARSHAL_MAGIC)
+      if marshal && ProfileFile.magic?(bytes, ProfileFile::MARSHAL_MAGIC)
         @err.puts "strobe: warning: loading #{name} with Marshal, which can run code from the file"
       end
       result = ProfileFile.parse(bytes, name, marshal: marshal, owned: true)

@@ -23,6 +23,11 @@ module Strobe
     THREAD_STATES = %i[running waiting blocked].freeze
     GZIP_MAGIC = "\x1f\x8b".b
     MARSHAL_MAGIC = "\x04\x08".b
+
+    # Whether bytes (in any encoding) start with magic's bytes.
+    def self.magic?(bytes, magic)
+      bytes.byteslice(0, magic.bytesize).b == magic
+    end
     RAW_KEYS = %i[raw raw_lines raw_sample_timestamps raw_timestamp_deltas raw_sample_threads raw_sample_states].freeze
 
     module_function
@@ -173,11 +178,11 @@ module Strobe
       raise ProfileError, "#{name}: file is empty" if bytes.empty?
 
       stored = bytes.bytesize
-      if bytes.start_with?(GZIP_MAGIC)
+      if ProfileFile.magic?(bytes, GZIP_MAGIC)
         bytes = gunzip(bytes, name)
         owned = true
       end
-      if bytes.start_with?(MARSHAL_MAGIC)
+      if ProfileFile.magic?(bytes, MARSHAL_MAGIC)
         return load_marshal(bytes, name, stored) if marshal
 
         raise ProfileError, "#{name}: a Marshal dump (stackprof's format); Strobe loads Marshal data only " \
@@ -187,7 +192,7 @@ module Strobe
       # text in C, JSON.parse parses the rest (json_columns.c).
       stacks = Native.stacks_range(bytes)
       doc = parse_json(stacks ? splice_stacks(bytes, *stacks) : bytes, name)
-      stacks &&= [bytes, *stacks]
+      stacks &&= StacksText.new(bytes, *stacks)
       # The text is parsed: its memory goes back now, not at the next GC
       # (a profile's text, its parsed columns and its compact form would
       # otherwise all be held at once). The caller's String is left alone.
@@ -196,13 +201,16 @@ module Strobe
 
       begin
         decode(doc, name, stored: stored, stacks_text: stacks)
-      rescue TypeError, NoMethodError, ArgumentError => e
-        # A value of the wrong JSON type somewhere in the document.
+      rescue TypeError, NoMethodError, ArgumentError, RangeError => e
+        # A value of the wrong JSON type (or size) somewhere in the document.
         raise ProfileError, "#{name}: malformed profile (#{e.message.lines.first.chomp})"
       ensure
         bytes.clear if owned && stacks
       end
     end
+
+    # Where a file's stacks section is still text (Native.stacks_range).
+    StacksText = Struct.new(:text, :from, :to)
 
     def parse_json(text, name)
       JSON.parse(text, symbolize_names: true)
@@ -343,7 +351,7 @@ module Strobe
 
     # stored: the file's size as stored, if known (it bounds how far its
     # samples may expand).
-    # stacks_text: [text, from, to], where the stacks section is still text
+    # stacks_text: a StacksText, where the stacks section is still text
     # (doc holds an empty one in its place).
     def decode(doc, name, stored: nil, stacks_text: nil)
       return decode_stackprof(doc, name, stored) unless doc.key?(:strobe_file)
@@ -461,12 +469,14 @@ module Strobe
       raise ProfileError, "#{name}: frame #{frame[:id].inspect} is malformed"
     end
 
-    # stacks: the parsed section, or [text, from, to] where it is still text.
+    # stacks: the parsed section, or a StacksText where it is still text.
     def decode_stacks(result, stacks, frames_list, threads_list, name, stored = nil)
       frame_ids = frames_list.map { |f| f[:id] }
       thread_ids = threads_list.map { |t| t[:id] }
-      return Native.expand_text(result, *stacks, frame_ids, thread_ids, stored) if stacks.is_a?(Array)
-      raise ProfileError, "#{name}: stacks is not an object" unless stacks.is_a?(Hash)
+      if stacks.is_a?(StacksText)
+        return Native.expand_text(result, stacks.text, stacks.from, stacks.to, frame_ids, thread_ids, stored)
+      end
+      raise ProfileError, "stacks is not an object" unless stacks.is_a?(Hash) # (named below)
 
       Native.expand(result, stacks[:nodes], frame_ids, stacks[:samples], stacks[:deltas] || [],
                     stacks[:start_time] || 0, stacks[:threads] || [], thread_ids, stacks[:states] || [], stored)

@@ -26,8 +26,10 @@ module Strobe
       next nil unless stacks.is_a?(Stacks)
       next stacks.raw_arrays[key] if result.frozen? # (built each time: nowhere to keep them)
 
+      # Built before the proc goes: a refusal raises again on the next read.
+      arrays = stacks.raw_arrays
       result.default_proc = nil
-      result.merge!(stacks.raw_arrays) { |_, mine, _| mine }
+      result.merge!(arrays) { |_, mine, _| mine }
       result[key]
     end
 

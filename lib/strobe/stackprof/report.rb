@@ -62,7 +62,7 @@ module StackProf
       private
 
       def strobe_file?(content)
-        content.start_with?(Strobe::ProfileFile::GZIP_MAGIC) || content[0, 64].include?('"strobe_file"')
+        Strobe::ProfileFile.magic?(content, Strobe::ProfileFile::GZIP_MAGIC) || content[0, 64].include?('"strobe_file"')
       end
     end
 
