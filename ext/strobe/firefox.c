@@ -106,7 +106,7 @@ static void
 classify_frames(ff_t *f)
 {
     strobe_samples_t *s = f->s;
-    for (uint32_t t = 0; t < s->table.frames_len; t++) {
+    for (uint32_t t = 0; t < s->frames_len; t++) {
         const rframe_t *fr = &f->r->frames[s->frame_pos[t]];
         const char *name = RSTRING_PTR(fr->name), *file = RSTRING_PTR(fr->file);
         long name_len = RSTRING_LEN(fr->name), file_len = RSTRING_LEN(fr->file);
@@ -174,7 +174,7 @@ static int32_t
 local_stack(ff_t *f, uint32_t stamp, uint32_t node)
 {
     if (f->stack_stamp[node] == stamp) return (int32_t)f->stack_of[node];
-    const strobe_node_t *nodes = f->s->table.nodes;
+    const strobe_node_t *nodes = f->s->nodes;
     f->path.len = 0;
     uint32_t n = node;
     while (n && f->stack_stamp[n] != stamp) {
@@ -205,7 +205,7 @@ recolored_stack(ff_t *f, uint32_t stamp, uint32_t node, int cat)
     if (st_lookup(f->recolored, key, &at)) return (int32_t)at;
     int32_t plain = local_stack(f, stamp, node);
     if (!node) return plain; /* an empty stack: nothing to recolour */
-    const strobe_node_t *nd = &f->s->table.nodes[node];
+    const strobe_node_t *nd = &f->s->nodes[node];
     int32_t fr = local_frame(f, stamp, nd->frame, nd->line, cat, 0);
     int32_t idx = push_stack(f, fr, f->col[STACK_PREFIX].v[plain], cat, 0);
     st_insert(f->recolored, key, (st_data_t)idx);
@@ -461,7 +461,7 @@ strobe_firefox_body(report_t *r)
     long threads = RARRAY_LEN(s->thread_ids);
 
     /* Buffers, freed with the report. */
-    uint32_t frames_len = s->table.frames_len, nodes_len = s->table.nodes_len;
+    uint32_t frames_len = s->frames_len, nodes_len = s->nodes_len;
     uint8_t *cats = r->scratch[0] = ZALLOC_N(uint8_t, 2 * (size_t)(frames_len ? frames_len : 1));
     f->frame_cat = cats;
     f->frame_sub = cats + frames_len;

@@ -199,13 +199,13 @@ label(pprof_t *p, int64_t key, int64_t str, int64_t num)
     pb_nested(&p->msg, SAMPLE_LABEL, &p->inner);
 }
 
-/* Functions for the frames seen; a Location per (frame, line) pair, its id
- * kept per node in loc (ids from 1). */
+/* Functions for the stacks' frames; a Location per (frame, line) pair, its
+ * id kept per node in loc (ids from 1). */
 static uint32_t *
 write_locations(pprof_t *p, out_t *o)
 {
     strobe_samples_t *s = p->s;
-    for (uint32_t f = 0; f < s->table.frames_len; f++) {
+    for (uint32_t f = 0; f < s->frames_len; f++) {
         const rframe_t *fr = &p->r->frames[s->frame_pos[f]];
         int64_t name = intern(p, fr->name);
         pb_int(&p->msg, FUNCTION_ID, f + 1);
@@ -217,13 +217,13 @@ write_locations(pprof_t *p, out_t *o)
         pb_int(&p->msg, FUNCTION_START_LINE, fr->line > 0 ? fr->line : 0);
         out_message(o, PROFILE_FUNCTION, &p->msg);
     }
-    uint32_t *loc = ZALLOC_N(uint32_t, s->table.nodes_len);
+    uint32_t *loc = ZALLOC_N(uint32_t, s->nodes_len);
     p->r->scratch[0] = loc;
     /* (frame, line) pairs interned as the nodes of a table of their own:
      * a pair's node id is its Location id. */
     strobe_stack_table_t *pairs = &p->tables->pairs;
-    for (uint32_t n = 1; n < s->table.nodes_len; n++) {
-        const strobe_node_t *node = &s->table.nodes[n];
+    for (uint32_t n = 1; n < s->nodes_len; n++) {
+        const strobe_node_t *node = &s->nodes[n];
         uint32_t before = pairs->nodes_len;
         loc[n] = strobe_stack_table_node(pairs, 0, node->frame, node->line);
         if (pairs->nodes_len == before) continue;
@@ -276,7 +276,7 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
     for (uint32_t d = 1; d < keys->nodes_len; d++) {
         uint32_t node = keys->nodes[d].parent, thread = keys->nodes[d].frame;
         int state = keys->nodes[d].line & 0xff, endpoint = (keys->nodes[d].line >> 8) - 1;
-        for (uint32_t n = node; n; n = s->table.nodes[n].parent) pb_varint(&p->packed, loc[n]);
+        for (uint32_t n = node; n; n = s->nodes[n].parent) pb_varint(&p->packed, loc[n]);
         pb_nested(&p->msg, SAMPLE_LOCATION_ID, &p->packed);
         pb_varint(&p->packed, counts[d]);
         if (values > 1) {

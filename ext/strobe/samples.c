@@ -52,7 +52,7 @@ strobe_samples_free(strobe_samples_t *s)
 {
     if (s->table_ready) strobe_stack_table_free(&s->table);
     free(s->frame_pos);
-    free(s->node);
+    if (!(s->borrowed & STROBE_SAMPLES_BORROWED_NODE)) free(s->node);
     if (!(s->borrowed & STROBE_SAMPLES_BORROWED_TIME)) free(s->time);
     if (!(s->borrowed & STROBE_SAMPLES_BORROWED_THREAD)) free(s->thread);
     if (!(s->borrowed & STROBE_SAMPLES_BORROWED_STATE)) free(s->state);
@@ -366,11 +366,50 @@ strobe_samples_columns(report_t *r, const char *what, uint32_t **node)
     return s;
 }
 
+/* The stacks are the table's. */
+static void
+table_nodes(strobe_samples_t *s)
+{
+    s->nodes = s->table.nodes;
+    s->nodes_len = s->table.nodes_len;
+    s->frames_len = s->table.frames_len;
+}
+
+/* Unfiltered, the compact form's stacks are read as they are: its nodes
+ * and per-sample nodes borrowed, its frames its frame_ids (no table made,
+ * nothing copied). Not when one of its frames is not the result's (a
+ * result edited by hand): 0 then, and the table is made, which says so if
+ * a sample reaches it. */
+static int
+borrow_stacks(report_t *r, const strobe_stacks_t *st)
+{
+    long frames = RARRAY_LEN(st->frame_ids);
+    long *pos = alloc_n((size_t)frames, sizeof(long));
+    for (long f = 0; f < frames; f++) {
+        pos[f] = strobe_report_frame_pos(r, RARRAY_AREF(st->frame_ids, f), 1);
+        if (pos[f] < 0) {
+            free(pos);
+            return 0;
+        }
+    }
+    strobe_samples_t *s = samples_new(r);
+    s->frame_pos = pos;
+    s->n = st->n;
+    s->nodes = st->nodes;
+    s->nodes_len = st->nodes_len;
+    s->frames_len = (uint32_t)frames;
+    s->node = st->node;
+    s->borrowed |= STROBE_SAMPLES_BORROWED_NODE;
+    columns_from_stacks(r, s, st); /* (marks the Stacks that holds all this) */
+    return 1;
+}
+
 strobe_samples_t *
 strobe_samples_read(report_t *r, const char *what)
 {
     VALUE result = r->result;
     const strobe_stacks_t *st = strobe_samples_stacks(result);
+    if (st && NIL_P(r->keep) && borrow_stacks(r, st)) return r->samples_read;
     if (st) {
         strobe_samples_t *s = samples_new(r);
         s->n = st->n;
@@ -378,6 +417,7 @@ strobe_samples_read(report_t *r, const char *what)
         strobe_stack_table_init(&s->table);
         s->node = alloc_n(s->n, sizeof(uint32_t));
         stacks_into_table(r, s, st);
+        table_nodes(s);
         s->frame_pos = alloc_n(s->table.frames_len, sizeof(long));
         for (uint32_t f = 0; f < s->table.frames_len; f++)
             s->frame_pos[f] = strobe_report_frame_pos(r, s->table.frames[f].value, 0);
@@ -444,6 +484,7 @@ strobe_samples_read(report_t *r, const char *what)
         for (long c = 0; c < count; c++) s->node[at++] = node;
         i += depth + 2;
     }
+    table_nodes(s);
     /* Each frame id seen, checked once against the result's frames. */
     s->frame_pos = alloc_n(s->table.frames_len, sizeof(long));
     for (uint32_t f = 0; f < s->table.frames_len; f++)

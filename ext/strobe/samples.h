@@ -18,6 +18,7 @@
 #define STROBE_SAMPLES_BORROWED_TIME 1
 #define STROBE_SAMPLES_BORROWED_THREAD 2
 #define STROBE_SAMPLES_BORROWED_STATE 4
+#define STROBE_SAMPLES_BORROWED_NODE 8
 
 /* A result's raw samples in C (samples.c), for the exporters: every stack
  * interned as a node of (parent node, frame, line), where a table frame is a
@@ -25,14 +26,20 @@
 typedef struct strobe_samples {
     strobe_stack_table_t table;
     int table_ready;
-    long *frame_pos;         /* per table frame: its position in the report's frames */
+    /* The stacks' nodes (nodes[0] the root, a parent before its children)
+     * and how many frames they number: the table's, or, unfiltered, the
+     * compact form's own (borrowed: its frames are its frame_ids). */
+    const strobe_node_t *nodes;
+    uint32_t nodes_len, frames_len;
+    long *frame_pos;         /* per frame: its position in the report's frames */
     size_t n;                /* samples */
     uint32_t *node;          /* per sample: its leaf node */
     int64_t *time;           /* per sample: microseconds (CLOCK_MONOTONIC); NULL without times */
     uint16_t *thread;        /* per sample: position in thread_ids; NULL: all thread 0 */
     uint8_t *state;          /* per sample: STROBE_STATE_*; NULL where the result has none */
-    /* time, thread and state may be the compact form's own columns,
-     * borrowed (not freed here); stacks (marked by the report) keeps them. */
+    /* node, time, thread and state may be the compact form's own columns,
+     * borrowed (not freed here), and so may nodes; stacks (marked by the
+     * report) keeps them. */
     unsigned borrowed;       /* STROBE_SAMPLES_BORROWED_* */
     VALUE stacks;
     int64_t start_us;        /* when profiling started, on the clock of time (or the first time) */

@@ -21,7 +21,7 @@
 
 /* The table frames of node's stack, root first, as JSON numbers. */
 static void
-out_stack(out_t *o, const strobe_stack_table_t *t, uint32_t node, uint32_t *path, size_t capa)
+out_stack(out_t *o, const strobe_samples_t *t, uint32_t node, uint32_t *path, size_t capa)
 {
     size_t depth = 0;
     for (uint32_t n = node; n && depth < capa; n = t->nodes[n].parent) path[depth++] = t->nodes[n].frame;
@@ -40,7 +40,7 @@ strobe_speedscope_body(report_t *r)
     strobe_samples_t *s = r->samples_read;
     size_t *starts;
     uint32_t *order = strobe_samples_by_thread(r, s, &starts);
-    const strobe_stack_table_t *t = &s->table;
+    const strobe_samples_t *t = s;
 
     /* Every node's depth bounds the path buffer: the deepest node. */
     uint32_t *depth = r->scratch[0] = ZALLOC_N(uint32_t, t->nodes_len);
