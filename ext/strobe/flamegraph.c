@@ -31,7 +31,7 @@
 /* Longer stretches without samples are drawn as a break (1 minute). */
 #define STROBE_FLAME_GAP_US ((int64_t)60 * 1000 * 1000)
 /* The timeline's runs, all lanes together, are at most this many: a lane
- * with more is downsampled (see downsample), so the page's size and
+ * with more is downsampled (see sink_run), so the page's size and
  * drawing are bounded by the tree and this, not by the samples. */
 #define STROBE_FLAME_MAX_RUNS 200000
 /* ... and a lane keeps at least this many (some thousand pixels, zoomed). */
@@ -79,9 +79,7 @@ push_run(flame_t *f)
 {
     if (f->runs_len == f->runs_capa) {
         size_t capa = f->runs_capa ? f->runs_capa * 2 : 1024;
-        flame_run_t *runs = realloc(f->runs, capa * sizeof(*runs));
-        if (!runs) rb_memerror();
-        f->runs = runs;
+        f->runs = strobe_grow(f->runs, capa, sizeof(flame_run_t));
         f->runs_capa = capa;
     }
     return &f->runs[f->runs_len++];

@@ -56,6 +56,17 @@ skip_string(const char *p, const char *end, int *escaped)
     return NULL;
 }
 
+/* p at an integer as JSON writes it (a sign, digits, no leading zero):
+ * the position after it, or NULL. */
+static const char *
+skip_integer(const char *p, const char *end)
+{
+    if (p < end && *p == '-') p++;
+    const char *digits = p;
+    while (p < end && *p >= '0' && *p <= '9') p++;
+    return p == digits || (p - digits > 1 && *digits == '0') ? NULL : p;
+}
+
 /* p at a number, true, false or null, as JSON writes them: the position
  * after it, or NULL (for anything else: a comment, NaN, a bare word). */
 static const char *
@@ -66,10 +77,7 @@ skip_scalar(const char *p, const char *end)
         size_t len = strlen(words[w]);
         if ((size_t)(end - p) >= len && memcmp(p, words[w], len) == 0) return p + len;
     }
-    if (p < end && *p == '-') p++;
-    const char *digits = p;
-    while (p < end && *p >= '0' && *p <= '9') p++;
-    if (p == digits || (p - digits > 1 && *digits == '0')) return NULL;
+    if (!(p = skip_integer(p, end))) return NULL;
     if (p < end && *p == '.') {
         const char *fraction = ++p;
         while (p < end && *p >= '0' && *p <= '9') p++;
@@ -93,10 +101,7 @@ skip_integer_list(const char *p, const char *end)
     p = skip_ws(p, end);
     if (p < end && *p == ']') return p + 1;
     for (;;) {
-        if (p < end && *p == '-') p++;
-        const char *digits = p;
-        while (p < end && *p >= '0' && *p <= '9') p++;
-        if (p == digits || (p - digits > 1 && *digits == '0')) return NULL;
+        if (!(p = skip_integer(p, end))) return NULL;
         p = skip_ws(p, end);
         if (p >= end) return NULL;
         if (*p == ']') return p + 1;
@@ -174,12 +179,7 @@ stacks_object(const char *p, const char *end)
         } else if (k < 5) {
             if (p >= end || *p != '[' || !(p = skip_integer_list(p + 1, end))) return NULL;
         } else {
-            const char *q = p < end && *p == '-' ? p + 1 : p, *digits = q;
-            while (q < end && *q >= '0' && *q <= '9') q++;
-            if (q == digits || (q - digits > 1 && *digits == '0') ||
-                (q < end && (*q == '.' || *q == 'e' || *q == 'E')))
-                return NULL;
-            p = q;
+            if (!(p = skip_integer(p, end)) || (p < end && (*p == '.' || *p == 'e' || *p == 'E'))) return NULL;
         }
         p = skip_ws(p, end);
         if (p >= end) return NULL;
@@ -302,7 +302,7 @@ strobe_column_next(strobe_column_t *c)
     if (!NIL_P(c->ary)) return strobe_fixnum_at(c->ary, i, c->what);
     if (i == c->bad_at) CORRUPT("%s[%ld] is not an integer in range", c->what, i);
     /* Checked when the cursor was made: whitespace, commas and integers
-     * of at most 18 digits. */
+     * of at most 19 digits, this one a Fixnum. */
     const char *p = c->p;
     while (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t' || *p == ',') p++;
     int negative = *p == '-';

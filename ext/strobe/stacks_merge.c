@@ -87,24 +87,16 @@ builder_of(VALUE self)
     return rb_check_typeddata(self, &builder_type);
 }
 
-static void *
-grown(void *ptr, size_t count, size_t size)
-{
-    void *p = realloc(ptr, count * size);
-    if (!p) rb_memerror();
-    return p;
-}
-
 static void
 reserve(builder_t *b, size_t more)
 {
     if (b->n + more <= b->capa) return;
     size_t capa = b->capa ? b->capa : 4096;
     while (capa < b->n + more) capa *= 2;
-    b->node = grown(b->node, capa, sizeof(uint32_t));
-    b->time = grown(b->time, capa, sizeof(int64_t));
-    b->thread = grown(b->thread, capa, sizeof(uint16_t));
-    b->state = grown(b->state, capa, 1);
+    b->node = strobe_grow(b->node, capa, sizeof(uint32_t));
+    b->time = strobe_grow(b->time, capa, sizeof(int64_t));
+    b->thread = strobe_grow(b->thread, capa, sizeof(uint16_t));
+    b->state = strobe_grow(b->state, capa, 1);
     b->capa = capa;
 }
 

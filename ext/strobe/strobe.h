@@ -31,6 +31,7 @@
 #include <ruby/debug.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 /* A build that proves the old postponed-job API is not used (extconf.rb,
  * STROBE_MODERN_API_ONLY): Ruby 4.1 removes it. */
@@ -51,6 +52,17 @@ strobe_fixnum_at(VALUE ary, long i, const char *what)
     VALUE v = RARRAY_AREF(ary, i);
     if (!FIXNUM_P(v)) rb_raise(strobe_eProfileError, "%s[%ld] is not an integer in range", what, i);
     return FIX2LONG(v);
+}
+
+/* ptr (malloc'd, or NULL) grown to count entries of size bytes, malloc's
+ * memory (free() it); NoMemoryError if that fails or overflows. GVL held. */
+static inline void *
+strobe_grow(void *ptr, size_t count, size_t size)
+{
+    size_t bytes;
+    void *p = __builtin_mul_overflow(count, size, &bytes) ? NULL : realloc(ptr, bytes ? bytes : 1);
+    if (!p) rb_memerror();
+    return p;
 }
 
 /* The Symbol for a C string literal, cached by its address (strobe.c).

@@ -55,14 +55,6 @@ typedef struct {
     int timed;               /* a window is bounded: the samples need times */
 } subset_t;
 
-static void *
-grow(void *ptr, size_t count, size_t size)
-{
-    void *p = realloc(ptr, count * size);
-    if (!p) rb_memerror();
-    return p;
-}
-
 static VALUE
 key(VALUE hash, const char *name)
 {
@@ -83,10 +75,10 @@ keep(subset_t *s, uint32_t node, int64_t time, uint16_t thread, uint8_t state)
 {
     if (s->kept == s->kept_capa) {
         s->kept_capa = s->kept_capa ? s->kept_capa * 2 : 1024;
-        s->sample_nodes = grow(s->sample_nodes, s->kept_capa, sizeof(uint32_t));
-        s->times = grow(s->times, s->kept_capa, sizeof(int64_t));
-        s->threads = grow(s->threads, s->kept_capa, sizeof(uint16_t));
-        s->states = grow(s->states, s->kept_capa, 1);
+        s->sample_nodes = strobe_grow(s->sample_nodes, s->kept_capa, sizeof(uint32_t));
+        s->times = strobe_grow(s->times, s->kept_capa, sizeof(int64_t));
+        s->threads = strobe_grow(s->threads, s->kept_capa, sizeof(uint16_t));
+        s->states = strobe_grow(s->states, s->kept_capa, 1);
     }
     s->sample_nodes[s->kept] = node;
     s->times[s->kept] = time;
@@ -96,7 +88,7 @@ keep(subset_t *s, uint32_t node, int64_t time, uint16_t thread, uint8_t state)
     if (node >= s->self_capa) {
         uint32_t capa = s->self_capa ? s->self_capa : 1024;
         while (capa <= node) capa *= 2;
-        s->self = grow(s->self, capa, sizeof(uint64_t));
+        s->self = strobe_grow(s->self, capa, sizeof(uint64_t));
         memset(s->self + s->self_capa, 0, (capa - s->self_capa) * sizeof(uint64_t));
         s->self_capa = capa;
     }

@@ -118,14 +118,6 @@ static __thread uint64_t self_generation __attribute__((tls_model("initial-exec"
 static VALUE mStrobe, sym_name, sym_file, sym_line, sym_calls, sym_total_time, sym_self_time, sym_total_samples,
     sym_samples, sym_edges, sym_call_times;
 
-static void *
-grow(void *p, size_t n, size_t size)
-{
-    void *q = realloc(p, n * size);
-    if (!q) rb_memerror();
-    return q;
-}
-
 /* The thread's clock: CPU nanoseconds, monotonic nanoseconds, or counter
  * ticks (T.tsc; converted in results). */
 static inline int64_t
@@ -313,7 +305,7 @@ method_of(rb_trace_arg_t *arg, int c_method)
     }
     if (T.methods_len == T.methods_capa) {
         T.methods_capa = T.methods_capa ? T.methods_capa * 2 : 256;
-        T.methods = grow(T.methods, T.methods_capa, sizeof(tmethod_t));
+        T.methods = strobe_grow(T.methods, T.methods_capa, sizeof(tmethod_t));
     }
     uint32_t id = T.methods_len;
     T.methods[id] = (tmethod_t){ klass, mid, singleton, Qnil, Qnil, 0, 0 };
@@ -405,7 +397,7 @@ thread_state(void)
     tthread_t *t;
     if (T.threads_len == T.threads_capa) {
         T.threads_capa = T.threads_capa ? T.threads_capa * 2 : 16;
-        T.threads = grow(T.threads, T.threads_capa, sizeof(tthread_t *));
+        T.threads = strobe_grow(T.threads, T.threads_capa, sizeof(tthread_t *));
     }
     t = calloc(1, sizeof(*t));
     if (!t) rb_memerror();
@@ -427,7 +419,7 @@ stat_of(tthread_t *t, uint32_t m)
     if (m >= t->stats_capa) {
         uint32_t capa = t->stats_capa ? t->stats_capa : 256;
         while (capa <= m) capa *= 2;
-        t->stats = grow(t->stats, capa, sizeof(tstat_t));
+        t->stats = strobe_grow(t->stats, capa, sizeof(tstat_t));
         memset(t->stats + t->stats_capa, 0, (capa - t->stats_capa) * sizeof(tstat_t));
         t->stats_capa = capa;
     }
@@ -470,7 +462,7 @@ push_call(tthread_t *t, uint32_t m, int64_t now)
     tstack_t *s = t->cur;
     if (s->len == s->capa) {
         s->capa = s->capa ? s->capa * 2 : 64;
-        s->calls = grow(s->calls, s->capa, sizeof(tcall_t));
+        s->calls = strobe_grow(s->calls, s->capa, sizeof(tcall_t));
     }
     s->calls[s->len++] = (tcall_t){ m, now - s->paused, 0 };
     tstat_t *st = stat_of(t, m);
