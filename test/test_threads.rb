@@ -153,6 +153,38 @@ class TestThreads < Minitest::Test
     refute Strobe.run(mode: :custom) { Strobe.sample }.key?(:timer)
   end
 
+  # The process-wide timer's signal goes to whichever thread the kernel
+  # picks, a native thread that is leaving Ruby among them: Ruby has freed
+  # its alternate signal stack by then, but not taken it from the kernel.
+  # The handler ran there (SA_ONSTACK), writing into freed memory: this
+  # program died of SIGSEGV in 5 runs of 8 on Ruby 3.1.
+  def test_process_timer_while_threads_end
+    code = <<~RUBY
+      require "strobe"
+      %i[wall cpu].each do |mode|
+        Strobe.start(mode: mode, interval: 100, timer: :process)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1.5
+        rounds = 0
+        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          threads = 8.times.map do |i|
+            Thread.new do
+              Thread.current.report_on_exception = false
+              x = 0
+              2000.times { x += 1 }
+              raise "ends by raising" if i.odd?
+            end
+          end
+          threads.each { |t| t.join rescue nil }
+          rounds += 1
+          sleep 0.05 if rounds % 10 == 0 # Ruby 3.1's cached native threads time out meanwhile
+        end
+        Strobe.stop
+        puts [mode, Strobe.results[:samples] > 0].inspect
+      end
+    RUBY
+    assert_ruby_prints "[:wall, true]\n[:cpu, true]\n", code
+  end
+
   def test_process_timer_in_cpu_mode_follows_process_cpu_time
     result = Strobe.run(mode: :cpu, interval: 1000, timer: :process) { spin(0.3) }
     assert_equal :process, result[:timer]

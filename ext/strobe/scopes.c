@@ -55,7 +55,7 @@ strobe_sampler_exclude_current(void)
     if (!t) return;
     strobe_sampler_flush(); /* what it captured so far still names it */
     strobe_profile_thread_ended(t);
-    strobe_threads_end(t);
+    strobe_threads_end_here(t);
 }
 
 /* GVL held: registers the calling thread (thread), NULL when
@@ -362,7 +362,7 @@ strobe_sampler_thread_hook(VALUE tpval, void *data)
     thread_marker(t, 0);
     strobe_sampler_flush(); /* its captured samples still name it */
     strobe_profile_thread_ended(t);
-    strobe_threads_end(t);
+    strobe_threads_end_here(t);
     strobe_sigstack_thread_ended();
 }
 

@@ -14,6 +14,18 @@
  * frames, which need the most): paint the stack, sample, see how deep the
  * paint was overwritten.
  *
+ * Not for a signal sent to the process (timer: :process): the kernel hands
+ * it to any thread that does not block it, a native thread that has left
+ * Ruby among them, and Ruby frees a thread's alternate stack as its native
+ * thread leaves without taking it from the kernel first (the kernel would
+ * write the signal's frame into freed memory; under ASan it did). Those
+ * handlers run on the thread's own stack, and leave the sample of the
+ * thread holding the GVL, the one that may be deep in recursion, to a
+ * postponed job at its next safe point (handler.c); what they do for a
+ * thread blocked in C fits in the room C code leaves. Signals the timer
+ * thread sends name a live registered thread, and none is sent once its
+ * THREAD_END hook has run (strobe_threads_end_here).
+ *
  * The signal is not blocked while its handler runs (SA_NODEFER): a handler
  * left by a longjmp (Ruby's stack-overflow recovery, from a fault inside
  * it) would otherwise leave it blocked on that thread for good, and the
@@ -191,9 +203,10 @@ strobe_sigstack_room(const void *frame, size_t need)
 }
 
 int
-strobe_sigstack_handler_flags(void)
+strobe_sigstack_handler_flags(int process_wide)
 {
-    return SA_SIGINFO | SA_RESTART | SA_ONSTACK | SA_NODEFER;
+    int flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
+    return process_wide ? flags : flags | SA_ONSTACK;
 }
 
 int

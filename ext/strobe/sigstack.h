@@ -8,9 +8,11 @@
 #include "threads.h"
 
 /* Flags the handler is installed with: on the thread's alternate signal
- * stack (Ruby gives every thread one), and without blocking its own signal
- * while it runs, so a handler left by a longjmp leaves nothing blocked. */
-int strobe_sigstack_handler_flags(void);
+ * stack (Ruby gives every thread one) unless the signal is sent to the
+ * process (process_wide: it may land on a thread whose alternate stack Ruby
+ * has freed), and without blocking its own signal while it runs, so a
+ * handler left by a longjmp leaves nothing blocked. */
+int strobe_sigstack_handler_flags(int process_wide);
 
 /* The size of the alternate stacks Strobe gives threads that sample native
  * frames, and what a native walk needs on it (sigstack.c says why). */

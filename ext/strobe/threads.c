@@ -5,9 +5,11 @@
  * can hold a pointer to its entry. Each entry is FREE, CLAIMED, LIVE or DEAD:
  *   - strobe_threads_add() (GVL held) claims an entry, fills it and
  *     publishes it LIVE with a release store;
- *   - strobe_threads_end() (GVL held, on the thread that is finishing) makes
- *     it DEAD: the timer stops signalling it, and its own handler, which
- *     can only run between that thread's instructions, no longer finds it;
+ *   - strobe_threads_end_here() (GVL held, on the thread that is
+ *     finishing) makes it DEAD: the timer stops signalling it, and its own
+ *     handler, which can only run between that thread's instructions, no
+ *     longer finds it; every signal sent to it before has been handled
+ *     when it returns (the thread's alternate stack is about to be freed);
  *   - an entry is reused only once every sample it captured has been
  *     drained (so no sample is charged to the next owner), and either by the
  *     same kernel thread (Ruby 3.1 keeps native threads cached and runs the
@@ -278,6 +280,23 @@ strobe_threads_end(strobe_thread_t *t)
 {
     int expected = STROBE_THREAD_LIVE;
     atomic_compare_exchange_strong(&t->state, &expected, STROBE_THREAD_DEAD);
+}
+
+void
+strobe_threads_end_here(strobe_thread_t *t)
+{
+    /* Under the lock the timer holds for a whole tick: once this returns,
+     * no tick sends t another signal; one sent before it is already queued
+     * for this thread (the send returned before the tick let go of the
+     * lock), and is delivered as the syscall below returns. After that
+     * Ruby frees this thread's alternate signal stack (on every Ruby, as
+     * the native thread leaves; 3.1's thread cache seconds later) without
+     * taking it away from the kernel first: a signal delivered then would
+     * be written into freed memory. */
+    pthread_mutex_lock(&registry_lock);
+    strobe_threads_end(t);
+    pthread_mutex_unlock(&registry_lock);
+    syscall(SYS_gettid);
 }
 
 unsigned

@@ -87,7 +87,13 @@ strobe_thread_t *strobe_threads_of(VALUE thread);
  * 3.3; with STROBE_FOLLOWS_RUBY_THREADS it asks Ruby for the current thread
  * and must not be called from the handler. */
 strobe_thread_t *strobe_threads_self(void);
+/* Makes t DEAD: nothing signals it any more (a thread found gone, or
+ * retired by strobe_threads_add; the timer calls it under the lock). */
 void strobe_threads_end(strobe_thread_t *t);
+/* GVL held, on t's own thread as it finishes (not under the registry lock):
+ * t DEAD, and every sampling signal sent to it handled by the time this
+ * returns, before Ruby frees the thread's alternate signal stack. */
+void strobe_threads_end_here(strobe_thread_t *t);
 /* Registry lock held: free DEAD entries whose kernel thread is gone and
  * whose samples are drained. */
 void strobe_threads_reclaim(void);
