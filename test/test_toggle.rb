@@ -124,6 +124,37 @@ class TestToggle < Minitest::Test
     refute Strobe.toggle_off, "nothing was installed"
   end
 
+  # Zlib takes a lock, which Ruby refuses in a trap handler: a gzipped
+  # profile (a .gz name, pprof) was lost ("can't be called from trap
+  # context"). It is written on a thread of its own, which the program
+  # waits for at exit: this one ends as soon as the second signal is taken.
+  def test_gzipped_profiles_are_written_too_even_as_the_program_ends
+    [["p.json.gz", {}], ["p.pb.gz", { format: :pprof }]].each do |name, options|
+      target = File.join(@dir, name)
+      code = <<~RUBY
+        require "strobe"
+        Strobe.toggle_on(:USR2, mode: :wall, raw: true, path: #{target.inspect}, **#{options.inspect})
+        Process.kill(:USR2, Process.pid)
+        sleep 0.01 until Strobe.running?
+        x = 0
+        200_000.times { x += 1 }
+        Process.kill(:USR2, Process.pid)
+        sleep 0.01 while Strobe.running?
+      RUBY
+      out, err, status = run_ruby(code)
+      assert status.success?, err
+      assert_equal "", out
+      assert_equal "strobe: on USR2: profiling stopped; profile written to #{target}\n", err.lines.last
+      bytes = File.binread(target)
+      assert_equal "\x1f\x8b".b, bytes[0, 2]
+      if options[:format] == :pprof
+        assert_operator Zlib.gunzip(bytes).bytesize, :>, 0
+      else
+        assert_equal :wall, Strobe.load(target)[:mode]
+      end
+    end
+  end
+
   # The issue's acceptance: a running program, signalled twice from
   # outside, leaves one valid profile, and says when it starts and stops.
   def test_signal_a_running_program_twice

@@ -64,7 +64,9 @@ module Strobe
         end
 
         @round = nil
-        warn_line("profiling stopped; #{@options[:on_result] ? 'the result goes to on_result' : save(Strobe.results)}")
+        return warn_line("profiling stopped; the result goes to on_result") if @options[:on_result]
+
+        save(Strobe.results)
       elsif Strobe.start(**@options)
         @round = Native.round
         warn_line("profiling started (mode #{@mode}); send #{@signal} again to stop")
@@ -77,19 +79,37 @@ module Strobe
 
     private
 
-    # Writes result; says where, or that it is lost and why.
+    # Writes result and says where, or that it is lost and why. A gzipped
+    # file (pprof, a .gz name) is written on a thread of its own: Zlib takes
+    # a lock, which Ruby refuses in a trap handler (the profile was lost).
+    # At exit the program waits for it, at most SAVE_AT_EXIT seconds.
     def save(result)
-      return "nothing was profiled" unless result
+      return warn_line("profiling stopped; nothing was profiled") unless result
 
       @stops += 1
       target = target_path(result)
-      begin
-        FileUtils.mkdir_p(File.dirname(target))
-        Strobe.save(result, target, format: @format)
-      rescue StandardError => e
-        return "the profile is lost: it could not be written to #{File.expand_path(target)} (#{e.message})"
+      return warn_line("profiling stopped; #{write(result, target)}") unless gzipped?(target)
+
+      previous = @saving
+      @saving = Thread.new do
+        previous&.join # in the order the signals came
+        warn_line("profiling stopped; #{write(result, target)}")
       end
+      @wait_at_exit ||= at_exit { @saving&.join(SAVE_AT_EXIT) }
+    end
+
+    SAVE_AT_EXIT = 30
+
+    def gzipped?(target)
+      @format == :pprof || target.end_with?(".gz")
+    end
+
+    def write(result, target)
+      FileUtils.mkdir_p(File.dirname(target))
+      Strobe.save(result, target, format: @format)
       "profile written to #{File.expand_path(target)}"
+    rescue StandardError => e
+      "the profile is lost: it could not be written to #{File.expand_path(target)} (#{e.message})"
     end
 
     def target_path(result)
