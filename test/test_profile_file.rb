@@ -62,6 +62,22 @@ class TestProfileFile < Minitest::Test
     assert_corrupt JSON.generate(doc.merge(cwd: "relative")), /cwd is not an absolute path/
   end
 
+  # Ruby turns transparent huge pages off for its process; `strobe report`
+  # turns them back on for its large buffers (a library never does), and a
+  # file is read into a buffer that asks for them.
+  def test_the_command_line_may_use_huge_pages
+    skip "no THP_enabled line in /proc/self/status" unless File.read("/proc/self/status").include?("THP_enabled")
+
+    code = <<~RUBY
+      require "strobe"
+      thp = -> { File.read("/proc/self/status")[/THP_enabled:\\s*(\\d)/, 1] }
+      allowed = Strobe::Native.allow_huge_pages
+      buffer = Strobe::ProfileFile.huge_buffer(8 << 20)
+      puts [allowed, thp.call, buffer.encoding, buffer.bytesize].join(" ")
+    RUBY
+    assert_ruby_prints "true 1 ASCII-8BIT 0\n", code
+  end
+
   def test_gz_suffix_gzips
     result = profile
     path = File.join(@dir, "p.json.gz")

@@ -245,7 +245,8 @@ expand_body(VALUE arg)
     long frames_len = array_len(a->frame_ids, "frames");
     if (nodes_len > (long)UINT32_MAX) CORRUPT("too many nodes");
 
-    b->nodes = calloc((size_t)nodes_len, sizeof(strobe_node_t));
+    b->nodes = strobe_advise_huge(calloc((size_t)nodes_len, sizeof(strobe_node_t)),
+                                  (size_t)nodes_len * sizeof(strobe_node_t));
     if (!b->nodes) rb_memerror();
     for (long k = 1; k < nodes_len; k++) {
         long parent = strobe_column_next(&a->nodes);
@@ -272,6 +273,10 @@ expand_body(VALUE arg)
     b->threads = calloc((size_t)(n ? n : 1), sizeof(uint16_t));
     b->states = calloc((size_t)(n ? n : 1), 1);
     if (!b->sample_nodes || !b->times || !b->threads || !b->states) rb_memerror();
+    strobe_advise_huge(b->sample_nodes, sizeof(uint32_t) * (size_t)n);
+    strobe_advise_huge(b->times, sizeof(int64_t) * (size_t)n);
+    strobe_advise_huge(b->threads, sizeof(uint16_t) * (size_t)n);
+    strobe_advise_huge(b->states, (size_t)n);
     int64_t start = a->start_time, t = start;
     for (long k = 0; k < n; k++) {
         long node = strobe_column_next(&a->samples);

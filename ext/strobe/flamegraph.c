@@ -71,7 +71,7 @@ flame_alloc(size_t n, size_t size)
 {
     void *p = calloc(n ? n : 1, size);
     if (!p) rb_memerror();
-    return p;
+    return strobe_advise_huge(p, n * size);
 }
 
 static flame_run_t *

@@ -24,6 +24,9 @@
  */
 #include "json_columns.h"
 #include <string.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 /* Nesting deeper than this in a value the scanner skips: give up. */
 #define STROBE_JSON_MAX_DEPTH 512
@@ -365,8 +368,38 @@ strobe_json_stacks_read(strobe_json_stacks_t *s, VALUE text, long from, long to)
     if (!given[1]) CORRUPT("samples is not an array");
 }
 
+/* Strobe::Native.advise_huge(string) -> string: the untouched room of a
+ * String made with a capacity (String.new(capacity:)) advised to huge
+ * pages (strobe_advise_huge), before a large file is read into it. */
+static VALUE
+native_advise_huge(VALUE self, VALUE str)
+{
+    StringValue(str);
+    strobe_advise_huge(RSTRING_PTR(str), rb_str_capacity(str));
+    return str;
+}
+
+/* Strobe::Native.allow_huge_pages -> whether the process may now have
+ * transparent huge pages. Ruby turns them off for its whole process at
+ * start (PR_SET_THP_DISABLE: its heap bloated with them), and then no
+ * madvise gets any. `strobe report` (a process of its own, short, its
+ * memory mostly Strobe's large buffers) turns them back on: loading the
+ * 10M-sample profile took 1.7 to 2.2 s instead of 2.7 to 3.7 s. A library
+ * inside someone's program never does. */
+static VALUE
+native_allow_huge_pages(VALUE self)
+{
+#if defined(__linux__) && defined(PR_SET_THP_DISABLE)
+    return prctl(PR_SET_THP_DISABLE, 0, 0, 0, 0) == 0 ? Qtrue : Qfalse;
+#else
+    return Qfalse;
+#endif
+}
+
 void
 strobe_json_columns_define(VALUE mNative)
 {
     rb_define_singleton_method(mNative, "stacks_range", native_stacks_range, 1);
+    rb_define_singleton_method(mNative, "advise_huge", native_advise_huge, 1);
+    rb_define_singleton_method(mNative, "allow_huge_pages", native_allow_huge_pages, 0);
 }

@@ -44,7 +44,7 @@ alloc_n(size_t n, size_t size)
 {
     void *p = malloc((n ? n : 1) * size);
     if (!p) rb_memerror();
-    return p;
+    return strobe_advise_huge(p, n * size);
 }
 
 void

@@ -29,7 +29,7 @@ xgrow(void *ptr, size_t count, size_t size)
 {
     void *p = realloc(ptr, count * size);
     if (!p) strobe_out_of_memory();
-    return p;
+    return strobe_advise_huge(p, count * size);
 }
 
 static uint32_t *
@@ -37,7 +37,7 @@ xslots(uint32_t capa)
 {
     uint32_t *p = calloc(capa, sizeof(uint32_t));
     if (!p) strobe_out_of_memory();
-    return p;
+    return strobe_advise_huge(p, capa * sizeof(uint32_t));
 }
 
 static inline uint64_t

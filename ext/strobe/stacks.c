@@ -84,7 +84,7 @@ static void *
 copy_of(const void *src, size_t n, size_t size)
 {
     if (!src) return NULL;
-    void *p = malloc(n ? n * size : 1);
+    void *p = strobe_advise_huge(malloc(n ? n * size : 1), n * size);
     if (!p) rb_memerror();
     if (n) memcpy(p, src, n * size);
     return p;

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 
 /* A build that proves the old postponed-job API is not used (extconf.rb,
  * STROBE_MODERN_API_ONLY): Ruby 4.1 removes it. */
@@ -54,6 +55,27 @@ strobe_fixnum_at(VALUE ary, long i, const char *what)
     return FIX2LONG(v);
 }
 
+/* A large buffer just allocated (or grown), p of bytes: the kernel is asked
+ * to back its untouched 2 MiB-aligned part with transparent huge pages,
+ * which it does on request under the common "madvise" setting. Touching it
+ * then faults once per 2 MiB instead of once per 4 KiB, and random access
+ * into it misses the TLB less: writing 148 MB took 0.76 s in 4 KiB pages
+ * and 0.02 to 0.5 s so on the CI's VM, where each fault is costly. Buffers
+ * under 4 MiB are left alone. Returns p. Any thread; not in a handler. */
+#define STROBE_HUGE_PAGE ((uintptr_t)2 << 20)
+static inline void *
+strobe_advise_huge(void *p, size_t bytes)
+{
+#ifdef MADV_HUGEPAGE
+    if (p && bytes >= 2 * STROBE_HUGE_PAGE) {
+        uintptr_t from = ((uintptr_t)p + STROBE_HUGE_PAGE - 1) & ~(STROBE_HUGE_PAGE - 1);
+        uintptr_t to = ((uintptr_t)p + bytes) & ~(STROBE_HUGE_PAGE - 1);
+        if (to > from) madvise((void *)from, to - from, MADV_HUGEPAGE);
+    }
+#endif
+    return p;
+}
+
 /* ptr (malloc'd, or NULL) grown to count entries of size bytes, malloc's
  * memory (free() it); NoMemoryError if that fails or overflows. GVL held. */
 static inline void *
@@ -62,7 +84,7 @@ strobe_grow(void *ptr, size_t count, size_t size)
     size_t bytes;
     void *p = __builtin_mul_overflow(count, size, &bytes) ? NULL : realloc(ptr, bytes ? bytes : 1);
     if (!p) rb_memerror();
-    return p;
+    return strobe_advise_huge(p, bytes);
 }
 
 /* The Symbol for a C string literal, cached by its address (strobe.c).

@@ -107,6 +107,8 @@ module Strobe
     def load_profile(path, marshal: false)
       return nil unless require_engine
 
+      Native.allow_huge_pages # for this process's large buffers (Native.allow_huge_pages says why)
+
       begin
         return Download.new(path).open { |file| read_profile(file, path, marshal) } if Download.url?(path)
 

@@ -138,7 +138,7 @@ module Strobe
         known = stat.size if stat.file? && stat.size.positive? # (files in /proc say 0)
         raise ProfileError, too_large if known.to_i > MAX_INFLATED
 
-        bytes = file.read((known || MAX_INFLATED) + 1) || "".b
+        bytes = file.read((known || MAX_INFLATED) + 1, known && huge_buffer(known + 1)) || "".b
         if known && bytes.bytesize > known # it grows as it is read: on to the limit
           rest = file.read(MAX_INFLATED + 1 - bytes.bytesize)
           bytes << rest if rest
@@ -147,6 +147,13 @@ module Strobe
 
         bytes
       end
+    end
+
+    # An empty String with room for capacity bytes, in huge pages where the
+    # kernel gives them (a large file is read into fresh memory: its page
+    # faults were most of reading it).
+    def huge_buffer(capacity)
+      Native.advise_huge(String.new(capacity: capacity, encoding: Encoding::BINARY))
     end
 
     # Parses the bytes of a profile file. name is used in error messages.
