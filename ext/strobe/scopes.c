@@ -58,11 +58,20 @@ strobe_sampler_exclude_current(void)
     strobe_threads_end_here(t);
 }
 
+void
+strobe_sampler_footing(void)
+{
+    int signals = (strobe_sampler.mode == STROBE_MODE_WALL || strobe_sampler.mode == STROBE_MODE_CPU) &&
+                  !strobe_sampler.safepoint_timer;
+    if (signals) strobe_sigstack_ensure();
+}
+
 /* GVL held: registers the calling thread (thread), NULL when
  * STROBE_MAX_THREADS are. */
 static strobe_thread_t *
 register_current(VALUE thread)
 {
+    strobe_sampler_footing();
     /* It runs Ruby code now: it holds the GVL. */
     strobe_thread_t *t = strobe_threads_add(strobe_gettid(), thread,
                                             strobe_sampler.track_states ? STROBE_STATE_RUNNING : STROBE_STATE_UNKNOWN);
@@ -339,6 +348,9 @@ strobe_sampler_thread_hook(VALUE tpval, void *data)
     (void)data;
     if (!atomic_load(&strobe_sampler.running)) return;
     rb_trace_arg_t *arg = rb_tracearg_from_tracepoint(tpval);
+    /* Any thread, profiled or not: the process-wide timer's signal may
+     * land on it, and as it ends Ruby frees its own alternate stack. */
+    strobe_sampler_footing();
     if (rb_tracearg_event_flag(arg) == RUBY_EVENT_THREAD_BEGIN) {
         VALUE thread = rb_thread_current();
         if (profiled(thread)) {
@@ -363,7 +375,6 @@ strobe_sampler_thread_hook(VALUE tpval, void *data)
     strobe_sampler_flush(); /* its captured samples still name it */
     strobe_profile_thread_ended(t);
     strobe_threads_end_here(t);
-    strobe_sigstack_thread_ended();
 }
 
 void

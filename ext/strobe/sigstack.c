@@ -8,23 +8,31 @@
  * (rb_profile_frames, libunwind) went past the end. Ruby's SIGSEGV handler
  * then took the fault for the program's overflow and longjmp'd out of the
  * sampling handler, or the process died. So the handler runs on the
- * thread's alternate signal stack (SA_ONSTACK), which Ruby sets up for
- * every thread it starts (16 KiB or more). What the handler needs there
- * is measured by the test hooks below (test_signal_stack.rb, with native
- * frames, which need the most): paint the stack, sample, see how deep the
- * paint was overwritten.
+ * thread's alternate signal stack (SA_ONSTACK). What the handler needs
+ * there is measured by the test hooks below (test_signal_stack.rb, with
+ * native frames, which need the most): paint the stack, sample, see how
+ * deep the paint was overwritten.
  *
- * Not for a signal sent to the process (timer: :process): the kernel hands
- * it to any thread that does not block it, a native thread that has left
- * Ruby among them, and Ruby frees a thread's alternate stack as its native
- * thread leaves without taking it from the kernel first (the kernel would
- * write the signal's frame into freed memory; under ASan it did). Those
- * handlers run on the thread's own stack, and leave the sample of the
- * thread holding the GVL, the one that may be deep in recursion, to a
- * postponed job at its next safe point (handler.c); what they do for a
- * thread blocked in C fits in the room C code leaves. Signals the timer
- * thread sends name a live registered thread, and none is sent once its
- * THREAD_END hook has run (strobe_threads_end_here).
+ * Whose stack. Ruby gives every thread one (16 KiB), and frees it as the
+ * native thread leaves (Ruby 3.1: when its thread cache lets it go, 3 s
+ * after its last Ruby thread) without taking it from the kernel first: a
+ * signal delivered then has its frame written into freed memory. The
+ * process-wide timer's signal goes to any thread the kernel picks, a
+ * leaving one among them (a program whose threads end while it was sampled
+ * that way died of SIGSEGV in 5 runs of 8; ASan named the freed stack), and
+ * under :cpu a thread that raised on 3.1 (no THREAD_END) was signalled as
+ * it left the cache. So every thread Strobe runs code on while sampling
+ * with signals gets a 64 KiB alternate stack of Strobe's own, with a guard
+ * page below it (strobe_sigstack_ensure, on the thread itself, outside any
+ * handler): as it registers (a thread's THREAD_BEGIN, the thread that
+ * starts), as it sets up native frames, and again at THREAD_END. Ruby then
+ * frees a stack the kernel no longer uses. Strobe's are never taken back
+ * from a live thread: one is unmapped once its thread is gone (found by a
+ * probe, when the list has doubled since the last look) or no longer uses
+ * it (seen from that thread). What is left: a thread Strobe never ran on
+ * (started before sampling, or not a Ruby thread) that leaves while a
+ * process-wide timer's signal lands on it, or, on 3.1, one that raised or
+ * was killed and leaves Ruby's cache 3 s later while sampled.
  *
  * The signal is not blocked while its handler runs (SA_NODEFER): a handler
  * left by a longjmp (Ruby's stack-overflow recovery, from a fault inside
@@ -44,21 +52,14 @@
  *
  * Native frames (libunwind) need more than Ruby's 16 KiB: measured here,
  * up to 12.5 KiB of it, kernel signal frame included, which leaves too
- * little margin (a wider FPU state grows the kernel's frame). So a thread
- * that samples native frames gets a 64 KiB alternate stack of Strobe's
- * own (strobe_sigstack_ensure, on the thread itself, outside any handler,
- * as its unwinder is set up), with a guard page below it. Strobe keeps a
- * list of the stacks it made: one is unmapped when its thread ends
- * (strobe_sigstack_thread_ended, from the THREAD_END hook, which puts
- * Ruby's back first), when its thread is found gone (a later ensure), or
- * when it is no longer its thread's alternate stack. A handler on a
- * stack too small (a thread not set up yet, an M:N thread) skips the
- * native frames of that sample rather than overflow it
+ * little margin (a wider FPU state grows the kernel's frame): Strobe's
+ * 64 KiB fit them. A handler on a stack too small (a thread not set up yet)
+ * skips the native frames of that sample rather than overflow it
  * (strobe_sigstack_room).
  *
  * Everything here is async-signal-safe except strobe_sigstack_ensure,
- * strobe_sigstack_thread_ended, strobe_sigstack_after_fork and the Ruby
- * test hooks, which run outside handlers.
+ * strobe_sigstack_after_fork and the Ruby test hooks, which run outside
+ * handlers.
  */
 #include "sigstack.h"
 #include "placement.h"
@@ -81,12 +82,12 @@ typedef struct {
     pid_t tid;        /* the thread it was made for */
     char *map;        /* guard page, then the stack */
     size_t map_len;
-    stack_t previous; /* the thread's alternate stack before */
 } own_stack_t;
 
 static pthread_mutex_t own_lock = PTHREAD_MUTEX_INITIALIZER;
 static own_stack_t *own;
 static size_t own_len, own_capa;
+static size_t sweep_at = 16; /* list length at which other threads' stacks are looked at next */
 
 static size_t
 page_size(void)
@@ -109,17 +110,27 @@ drop(size_t i)
 }
 
 /* Under own_lock: unmaps the stacks no thread can be on any more: made for
- * a thread that is gone, or for this one and no longer its stack. */
-static void
+ * this thread and no longer its stack, or (once the list has doubled since
+ * they were last looked at: a probe syscall each) for a thread that is
+ * gone. Returns the index of this thread's current stack, or -1. */
+static long
 sweep(pid_t me, const stack_t *mine)
 {
+    int others = own_len >= sweep_at;
+    long current = -1;
     for (size_t i = 0; i < own_len;) {
         const own_stack_t *o = &own[i];
         int gone = o->tid == me ? !is_current(o, mine)
-                                : syscall(SYS_tgkill, getpid(), o->tid, 0) < 0 && errno == ESRCH;
-        if (gone) drop(i);
-        else i++;
+                 : others && syscall(SYS_tgkill, getpid(), o->tid, 0) < 0 && errno == ESRCH;
+        if (gone) {
+            drop(i);
+            continue;
+        }
+        if (o->tid == me) current = (long)i;
+        i++;
     }
+    if (others) sweep_at = own_len * 2 > 16 ? own_len * 2 : 16;
+    return current;
 }
 
 void
@@ -130,9 +141,9 @@ strobe_sigstack_ensure(void)
     pid_t me = strobe_placement_self_tid();
     pthread_mutex_lock(&own_lock);
     int saved_errno = errno;
-    sweep(me, &ss);
+    long current = sweep(me, &ss);
     errno = saved_errno;
-    if (!(ss.ss_flags & SS_DISABLE) && ss.ss_size >= STROBE_SIGSTACK_BYTES) goto out;
+    if (current >= 0) goto out; /* ours already */
     if (own_len == own_capa) {
         size_t capa = own_capa ? own_capa * 2 : 16;
         own_stack_t *grown = realloc(own, capa * sizeof(*own));
@@ -149,30 +160,8 @@ strobe_sigstack_ensure(void)
         munmap(map, len);
         goto out;
     }
-    own[own_len++] = (own_stack_t){ me, map, len, ss };
+    own[own_len++] = (own_stack_t){ me, map, len };
 out:
-    pthread_mutex_unlock(&own_lock);
-}
-
-void
-strobe_sigstack_thread_ended(void)
-{
-    stack_t ss;
-    if (sigaltstack(NULL, &ss) != 0 || (ss.ss_flags & SS_ONSTACK)) return;
-    pid_t me = strobe_placement_self_tid();
-    pthread_mutex_lock(&own_lock);
-    for (size_t i = 0; i < own_len; i++) {
-        if (own[i].tid != me || !is_current(&own[i], &ss)) continue;
-        /* Blocked meanwhile: no handler may start on either stack. */
-        sigset_t all, saved;
-        sigfillset(&all);
-        pthread_sigmask(SIG_BLOCK, &all, &saved);
-        stack_t previous = own[i].previous;
-        if (previous.ss_flags & SS_DISABLE) previous = (stack_t){ .ss_flags = SS_DISABLE };
-        if (sigaltstack(&previous, NULL) == 0) drop(i);
-        pthread_sigmask(SIG_SETMASK, &saved, NULL);
-        break;
-    }
     pthread_mutex_unlock(&own_lock);
 }
 
@@ -203,10 +192,9 @@ strobe_sigstack_room(const void *frame, size_t need)
 }
 
 int
-strobe_sigstack_handler_flags(int process_wide)
+strobe_sigstack_handler_flags(void)
 {
-    int flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
-    return process_wide ? flags : flags | SA_ONSTACK;
+    return SA_SIGINFO | SA_RESTART | SA_ONSTACK | SA_NODEFER;
 }
 
 int

@@ -8,23 +8,20 @@
 #include "threads.h"
 
 /* Flags the handler is installed with: on the thread's alternate signal
- * stack (Ruby gives every thread one) unless the signal is sent to the
- * process (process_wide: it may land on a thread whose alternate stack Ruby
- * has freed), and without blocking its own signal while it runs, so a
- * handler left by a longjmp leaves nothing blocked. */
-int strobe_sigstack_handler_flags(int process_wide);
+ * stack (Strobe's own, or Ruby's on a thread Strobe has not run on yet),
+ * and without blocking its own signal while it runs, so a handler left by a
+ * longjmp leaves nothing blocked. */
+int strobe_sigstack_handler_flags(void);
 
 /* The size of the alternate stacks Strobe gives threads that sample native
  * frames, and what a native walk needs on it (sigstack.c says why). */
 #define STROBE_SIGSTACK_BYTES (64 * 1024)
 #define STROBE_NATIVE_STACK_NEED (12 * 1024)
 
-/* Outside any handler, on the calling thread: gives it an alternate stack
- * of STROBE_SIGSTACK_BYTES if its own is smaller (or it has none). */
+/* Outside any handler, on the calling thread: makes its alternate signal
+ * stack one of Strobe's (STROBE_SIGSTACK_BYTES), kept until the thread is
+ * gone, unless it is already. */
 void strobe_sigstack_ensure(void);
-/* The calling thread ends (its THREAD_END hook): back to the alternate
- * stack it had, and Strobe's is unmapped. */
-void strobe_sigstack_thread_ended(void);
 /* In a forked child: forget the stacks of threads that are not there. */
 void strobe_sigstack_after_fork(void);
 /* Async-signal-safe, in a handler: whether at least need bytes are left
