@@ -43,11 +43,15 @@ module Strobe
     # A command line that cannot be carried out; its message is shown as is.
     class UsageError < StandardError; end
 
-    def initialize(argv, out: $stdout, err: $stderr, input: $stdin)
+    # own_process: the process is the command's own (exe/strobe), not a
+    # program that runs the CLI in it: its settings are the command's to
+    # change (Native.allow_huge_pages).
+    def initialize(argv, out: $stdout, err: $stderr, input: $stdin, own_process: false)
       @argv = argv.dup
       @out = out
       @err = err
       @in = input
+      @own_process = own_process
     end
 
     # Runs the command line and returns the exit status.
@@ -107,7 +111,7 @@ module Strobe
     def load_profile(path, marshal: false)
       return nil unless require_engine
 
-      Native.allow_huge_pages # for this process's large buffers (Native.allow_huge_pages says why)
+      Native.allow_huge_pages if @own_process # for its large buffers (Native.allow_huge_pages says why)
 
       begin
         return Download.new(path).open { |file| read_profile(file, path, marshal) } if Download.url?(path)

@@ -4,7 +4,6 @@ require "json"
 require "zlib"
 require "stringio"
 require_relative "atomic_file"
-require_relative "gzip_pipe"
 require_relative "markers"
 
 module Strobe
@@ -96,7 +95,7 @@ module Strobe
     def write_to(result, io, format, gzip: false)
       if gzip
         level = format == :pprof ? PPROF_GZIP_LEVEL : Zlib::DEFAULT_COMPRESSION
-        GzipPipe.open(io, level) { |gz| write_to(result, gz, format) }
+        Zlib::GzipWriter.wrap(KeepOpen.new(io), level) { |gz| write_to(result, gz, format) }
         return io
       end
 
@@ -113,6 +112,28 @@ module Strobe
       end
       io.flush if io.respond_to?(:flush)
       io
+    end
+
+    # Hands writes on to an IO, and closing it only flushes: a gzip stream
+    # finished over a caller's IO leaves that IO open.
+    class KeepOpen
+      def initialize(io)
+        @io = io
+      end
+
+      def write(data)
+        @io.write(data)
+      end
+
+      def flush
+        @io.flush if @io.respond_to?(:flush)
+        self
+      end
+
+      def close
+        flush
+        nil
+      end
     end
 
     # marshal: true also loads a Marshal dump (what stackprof writes); only

@@ -288,7 +288,7 @@ module Strobe
     def print_pprof(io = $stdout)
       Report.refuse_trace(@result, "pprof output")
       require "zlib"
-      GzipPipe.open(io, ProfileFile::PPROF_GZIP_LEVEL) do |gz|
+      Zlib::GzipWriter.wrap(ProfileFile::KeepOpen.new(io), ProfileFile::PPROF_GZIP_LEVEL) do |gz|
         Native.export_pprof(@result, kept_ids, gz)
       end
       io

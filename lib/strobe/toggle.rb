@@ -90,15 +90,30 @@ module Strobe
       target = target_path(result)
       return warn_line("profiling stopped; #{write(result, target)}") unless gzipped?(target)
 
+      warn_line("profiling stopped; writing #{File.expand_path(target)}")
       previous = @saving
+      @saving_target = target
       @saving = Thread.new do
-        previous&.join # in the order the signals came
-        warn_line("profiling stopped; #{write(result, target)}")
+        quietly_join(previous) # in the order the signals came
+        warn_line(write(result, target))
       end
-      @wait_at_exit ||= at_exit { @saving&.join(SAVE_AT_EXIT) }
+      @wait_at_exit ||= at_exit { wait_for_saving }
     end
 
     SAVE_AT_EXIT = 30
+
+    def wait_for_saving
+      return if quietly_join(@saving, SAVE_AT_EXIT)
+
+      warn_line("the profile is lost: still writing #{File.expand_path(@saving_target)} after #{SAVE_AT_EXIT} s, at exit")
+    end
+
+    # Whether thread (or none) is done; what it raised is its own line.
+    def quietly_join(thread, seconds = nil)
+      !thread || !thread.join(seconds).nil?
+    rescue Exception # rubocop:disable Lint/RescueException -- reported by the thread itself
+      true
+    end
 
     def gzipped?(target)
       @format == :pprof || target.end_with?(".gz")
@@ -108,7 +123,9 @@ module Strobe
       FileUtils.mkdir_p(File.dirname(target))
       Strobe.save(result, target, format: @format)
       "profile written to #{File.expand_path(target)}"
-    rescue StandardError => e
+    rescue Exception => e # rubocop:disable Lint/RescueException -- on a thread of its own too: said, not raised
+      raise if e.is_a?(SignalException) || e.is_a?(SystemExit)
+
       "the profile is lost: it could not be written to #{File.expand_path(target)} (#{e.message})"
     end
 
