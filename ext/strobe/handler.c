@@ -33,7 +33,8 @@
  *
  * Signal safety: signal_handler and what it calls here (signal_target,
  * handler_entry, take_sample, sample_thread, sample_kind_now, gc_kind_now,
- * may_run_jit_code, count_handled, trigger_drain, trigger_sample_job) are
+ * may_run_jit_code, count_handled, trigger_drain, trigger_sample_job, and
+ * cost.h's clock) are
  * async-signal-safe. The jobs, strobe_sampler_sample_now, the note of a
  * stack and the disposition run with the GVL held; the drain under the
  * profile lock (the timer thread's too, timer.c).
@@ -45,6 +46,7 @@
 #include "placement.h"
 #include "profile.h"
 #include "clock.h"
+#include "cost.h"
 #include "sigstack.h"
 #include <errno.h>
 #include <signal.h>
@@ -83,7 +85,9 @@ static void
 drain_job(void *unused)
 {
     (void)unused;
+    int64_t start = strobe_cost_now();
     strobe_profile_locked(strobe_sampler_drain, NULL);
+    strobe_cost_since(start);
 }
 
 /* Async-signal-safe: Ruby's postponed jobs are made for signal handlers. */
@@ -211,6 +215,7 @@ sample_job(void *unused)
 {
     (void)unused;
     if (!atomic_load(&strobe_sampler.running)) return;
+    int64_t start = strobe_cost_now();
     strobe_thread_t *self = strobe_threads_self();
     if (self) {
         if (strobe_sampler.native) strobe_native_warm(self); /* its own thread, no handler */
@@ -228,6 +233,7 @@ sample_job(void *unused)
     }
 #endif
     if (strobe_sampler.process_timer) strobe_profile_locked(strobe_sampler_drain, NULL);
+    strobe_cost_since(start);
 }
 
 static void
@@ -283,6 +289,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
 {
     (void)sig;
     int saved_errno = errno;
+    int64_t start = strobe_cost_now();
 
     if (!atomic_load(&strobe_sampler.running) || !atomic_load(&strobe_sampler.vm_alive)) goto out;
     int stale;
@@ -353,6 +360,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     if (strobe_sampler.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
     strobe_guard_release(t);
 out:
+    strobe_cost_since(start);
     errno = saved_errno;
 }
 

@@ -34,6 +34,8 @@ int strobe_sampler_running(void);
 uint64_t strobe_sampler_unsampled_threads(void);
 /* Signals the timer thread sent since the last start. */
 uint64_t strobe_sampler_signals_sent(void);
+/* CPU time (ns) the timer threads have used since the extension loaded. */
+int64_t strobe_sampler_timer_cpu_ns(void);
 void strobe_sampler_forget_unsampled(void);
 /* Custom mode / object mode: sample the current thread now (GVL held). */
 int strobe_sampler_sample_now(void);

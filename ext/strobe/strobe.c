@@ -11,6 +11,7 @@
 #include "strobe.h"
 #include "capture.h"
 #include "compact.h"
+#include "cost.h"
 #include "json_columns.h"
 #include "stacks.h"
 #include "export.h"
@@ -411,6 +412,7 @@ Init_strobe(void)
 
     strobe_capture_reset();
     strobe_sampler_init();
+    strobe_cost_init(mNative);
 
     rb_define_singleton_method(mNative, "start", native_start, 8);
     /* Whether native: true can work: Strobe was built with libunwind. */

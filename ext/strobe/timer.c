@@ -57,6 +57,11 @@ static struct {
     /* process-wide timer */
     timer_t ptimer;
     int ptimer_started;
+
+    /* CPU time of the timer threads that have ended, and whether the
+     * current one has added its own (under timer_lock). */
+    int64_t cpu_done_ns;
+    int cpu_added;
 } T;
 
 /* ---- timer thread ------------------------------------------------------------ */
@@ -298,8 +303,28 @@ timer_main(void *arg)
             next = now;
         }
     }
+    int64_t cpu = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    if (cpu > 0) T.cpu_done_ns += cpu;
+    T.cpu_added = 1;
     pthread_mutex_unlock(&T.timer_lock);
     return NULL;
+}
+
+/* GVL held (as start and stop are): the CPU time every timer thread has
+ * used, the running one's included. */
+int64_t
+strobe_sampler_timer_cpu_ns(void)
+{
+    if (!T.timer_started) return T.cpu_done_ns;
+    pthread_mutex_lock(&T.timer_lock);
+    int64_t total = T.cpu_done_ns;
+    clockid_t clock;
+    if (!T.cpu_added && pthread_getcpuclockid(T.timer, &clock) == 0) {
+        int64_t running = strobe_clock_ns(clock);
+        if (running > 0) total += running;
+    }
+    pthread_mutex_unlock(&T.timer_lock);
+    return total;
 }
 
 int
@@ -312,6 +337,7 @@ strobe_sampler_timer_start(void)
     pthread_condattr_destroy(&attr);
     pthread_mutex_init(&T.timer_lock, NULL);
     T.timer_stop = 0;
+    T.cpu_added = 0;
 
     /* The timer thread inherits a mask blocking every signal, so no signal
      * meant for Ruby's threads is ever delivered to it. */
