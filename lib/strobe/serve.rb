@@ -1,10 +1,9 @@
 # frozen_string_literal: true
 
-require "socket"
-require "io/wait"
 require "zlib"
 require "uri"
 require "securerandom"
+require_relative "http_server"
 require_relative "profile_file"
 
 module Strobe
@@ -28,21 +27,18 @@ module Strobe
   # another host name resolved to 127.0.0.1, DNS rebinding, has its own name
   # in Host) is refused with 403.
   #
-  # One thread accepts connections and reads their requests, all at once,
-  # each within REQUEST_TIMEOUT (an idle or slow connection costs a slot of
-  # MAX_PENDING, never anyone's wait); HANDLERS threads answer complete
-  # requests, each response within RESPONSE_TIMEOUT. A connection beyond
-  # MAX_PENDING, or a request beyond MAX_QUEUED waiting for a handler, gets
-  # 503 at once. Requests close together for one format share one snapshot
+  # The serving itself (threads, deadlines, limits, 503s, accept errors,
+  # killed threads) is Strobe::HTTPServer's; each response here is written
+  # within RESPONSE_TIMEOUT of the request's start, building the snapshot
+  # included. Requests close together for one format share one snapshot
   # (Snapshots): building one holds the GVL, so the program pauses while it
   # is built.
   #
-  # Accept errors that pass (out of descriptors or memory, a connection
-  # aborted) are retried after a pause. Forked children close the listening
-  # socket (in Strobe's fork handler), so the port is free once this process
-  # ends. Started by lib/strobe/autorun.rb when STROBE_SERVE is set (see
-  # `strobe serve --help`).
-  class Serve
+  # Forked children close the listening socket (in Strobe's fork handler),
+  # so the port is free once this process ends. Started by
+  # lib/strobe/autorun.rb when STROBE_SERVE is set (see `strobe serve
+  # --help`).
+  class Serve < HTTPServer
     PROFILE = "profile.json"
     STROBE_PROFILE = "strobe.json"
     # The formats served, by file name.
@@ -50,61 +46,8 @@ module Strobe
     PROFILER_ORIGIN = "https://profiler.firefox.com"
     PROFILER = "#{PROFILER_ORIGIN}/from-url/"
     TOKEN_BYTES = 16
-    REQUEST_TIMEOUT = 5
-    RESPONSE_TIMEOUT = 10
-    MAX_REQUEST = 16 * 1024
-    HANDLERS = 4
-    # Seconds between the accept thread's looks at the handlers (the
-    # program may kill them).
-    WATCH = 1.0
-    MAX_PENDING = 32
-    MAX_QUEUED = 16
-    # accept(2) failures that pass: retried after a Pause.
-    ACCEPT_ERRORS = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM, Errno::ECONNABORTED,
-                     Errno::EINTR, Errno::EPROTO, Errno::EPERM].freeze
-    BACKOFF = 0.05
-    MAX_BACKOFF = 1.0
-
-    # A client too slow to send its request or take the response.
-    class Timeout < StandardError; end
-
-    # Writes to a socket until a deadline, and while the client takes what
-    # is written: one that takes nothing for STALL seconds is dropped, so a
-    # client that never reads holds a handler that long, not the whole
-    # response deadline (review: eight of them delayed others by 20 s).
-    class DeadlineWriter
-      STALL = 2
-
-      def initialize(io, deadline)
-        @io = io
-        @deadline = deadline
-      end
-
-      # The seconds a wait may take now: to the deadline, at most STALL;
-      # nil when none are left.
-      def left
-        left = @deadline - Serve.now
-        [left, STALL].min if left.positive?
-      end
-
-      def write(data)
-        data = data.b unless data.encoding == Encoding::BINARY
-        until data.empty?
-          written = @io.write_nonblock(data, exception: false)
-          if written == :wait_writable
-            raise Timeout, "a client did not take its response in time" unless (wait = left) && @io.wait_writable(wait)
-
-            next
-          end
-          data = data.byteslice(written..)
-        end
-        self
-      end
-
-      def flush
-        self
-      end
-    end
+    # The prefix of its threads' names and of its lines on stderr.
+    NAME = "strobe serve"
 
     # A response body built once and written to any number of clients: the
     # chunks an exporter wrote (it hands over a new String each time).
@@ -193,133 +136,26 @@ module Strobe
       end
     end
 
-    # How long to stop accepting after an accept error that passes (no
-    # descriptor left, say: the connection waits in the backlog): BACKOFF,
-    # doubled at each error in a row up to MAX_BACKOFF; none once one
-    # succeeds.
-    class Pause
-      attr_reader :ends
-
-      def initialize
-        @length = @ends = nil
-      end
-
-      def accepting?
-        @ends.nil? || Serve.now >= @ends
-      end
-
-      # Starts or lengthens the pause; true for the first error in a row.
-      def failed
-        first = @length.nil?
-        @length = first ? BACKOFF : [@length * 2, MAX_BACKOFF].min
-        @ends = Serve.now + @length
-        first
-      end
-
-      def succeeded
-        @length = @ends = nil
-      end
-    end
-
-    # A request's line and headers.
-    Request = Struct.new(:verb, :target, :headers) do
-      # Parses what came before the blank line; nil when it is not HTTP, or
-      # is ambiguous: a header line folded onto the one before, a field
-      # name with spaces, or two Host fields (RFC 9112 says 400 for each;
-      # a proxy and this server could take different ones for the Host).
-      def self.parse(head)
-        line, *lines = head.split("\r\n")
-        verb, target, version = line.to_s.split(" ", 3)
-        return nil unless verb && target&.start_with?("/") && version&.start_with?("HTTP/")
-
-        headers = {}
-        lines.each do |field|
-          name, value = field.split(":", 2)
-          return nil unless value && name.match?(/\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\z/)
-
-          name = name.downcase
-          return nil if name == "host" && headers.key?(name)
-
-          headers[name] = value.strip
-        end
-        new(verb, target, headers)
-      end
-
-      def path
-        target.split("?", 2).first
-      end
-
-      # A header's value by its lowercase name; nil when absent.
-      def header(name)
-        headers[name]
-      end
-    end
-
-    # A connection whose request is still arriving, until its deadline.
-    class Incoming
-      attr_reader :socket, :deadline
-
-      def initialize(socket, deadline)
-        @socket = socket
-        @deadline = deadline
-        @data = +""
-      end
-
-      # Reads what has arrived: nil while the request is incomplete, a
-      # Request, :bad (not HTTP, or too large) or :gone (closed early).
-      def read
-        chunk = @socket.read_nonblock(4096, exception: false)
-        return nil if chunk == :wait_readable
-        return :gone if chunk.nil?
-
-        @data << chunk
-        return :bad if @data.bytesize > MAX_REQUEST
-        return nil unless (ends = @data.index("\r\n\r\n"))
-
-        Request.parse(@data[0, ends]) || :bad
-      rescue SystemCallError, IOError
-        :gone
-      end
-    end
-
     class << self
-      def now
-        Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      end
-
-      # Compares a and b without stopping at the first difference, so the
-      # time taken says nothing of how much of the secret b a guess had.
-      def secure_equal?(a, b)
-        return false unless a.bytesize == b.bytesize
-
-        diff = 0
-        a.bytes.each_with_index { |byte, i| diff |= byte ^ b.getbyte(i) }
-        diff.zero?
-      end
-
       # The Serve whose listening socket forked children close.
       attr_accessor :closing_in_children
     end
 
-    attr_reader :port, :token, :snapshots
+    attr_reader :token, :snapshots
 
     # Binds 127.0.0.1:port (0: any free port); raises SystemCallError when
     # it cannot (the port is taken). The deadlines (seconds) and how long a
     # snapshot stays fresh can be changed (tests do).
     def initialize(port, err: $stderr, request_timeout: REQUEST_TIMEOUT, response_timeout: RESPONSE_TIMEOUT,
                    fresh: Snapshots::FRESH)
-      @request_timeout = seconds(:request_timeout, request_timeout)
-      @response_timeout = seconds(:response_timeout, response_timeout)
+      seconds(:request_timeout, request_timeout) # all checked before the port is bound
+      seconds(:response_timeout, response_timeout)
       fresh = seconds(:fresh, fresh)
-      @server = TCPServer.new("127.0.0.1", port)
-      @port = @server.addr[1]
-      @err = err
+      super("127.0.0.1", port, name: NAME, err: err,
+            request_timeout: request_timeout, response_timeout: response_timeout)
       @token = SecureRandom.hex(TOKEN_BYTES)
       @hosts = ["127.0.0.1:#{@port}", "localhost:#{@port}"].freeze
       @snapshots = Snapshots.new(fresh: fresh)
-      @requests = Queue.new
-      @handlers = []
-      @stopped = false
       Native.close_in_children(@server.fileno)
       Serve.closing_in_children = self
     rescue StandardError
@@ -346,44 +182,10 @@ module Strobe
       "#{PROFILER}#{URI.encode_www_form_component(url)}"
     end
 
-    # Starts the server threads; returns once they are excluded from
-    # profiling, so that profiling started afterwards never samples them.
-    def start
-      revive
-      self
-    end
-
-    # Whether the server threads are all alive (the program may kill them).
-    def serving?
-      !@stopped && [@acceptor, *@handlers].all? { |thread| thread&.alive? }
-    end
-
-    # Starts again any server thread that is not alive (a program that kills
-    # every other thread kills them too); returns whether it serves.
-    def revive
-      return false if @stopped || @server.closed?
-
-      @acceptor = start_thread("strobe serve") { accept_loop } unless @acceptor&.alive?
-      @handlers = Array.new(HANDLERS) do |i|
-        handler = @handlers[i]
-        handler&.alive? ? handler : start_thread("strobe serve #{i + 1}") { handle_loop }
-      end
-      true
-    rescue ThreadError => e # no more threads
-      note "cannot start a thread: #{e.message}"
-      false
-    end
-
     # Stops serving: the threads end, the port is closed, and forked
     # children no longer replace its descriptor (a file may reuse it).
     def stop
-      @stopped = true
-      threads = [@acceptor, *@handlers].compact
-      threads.each(&:kill)
-      @requests.close
-      threads.each { |thread| finish(thread) }
-      @server.close unless @server.closed?
-      nil
+      super
     ensure
       if Serve.closing_in_children.equal?(self)
         Native.close_in_children(nil)
@@ -393,147 +195,14 @@ module Strobe
 
     private
 
-    def seconds(name, value)
-      return value if value.is_a?(Numeric) && value.positive? && value.finite?
-
-      raise ArgumentError, "#{name} must be a positive number of seconds, got #{value.inspect}"
+    # The writer of a response: due RESPONSE_TIMEOUT after the request is
+    # taken up, building the snapshot included.
+    def writer(socket)
+      DeadlineWriter.new(socket, Serve.now + @response_timeout)
     end
 
-    # Waits a little for a killed thread to end (its ensure closes its
-    # sockets); what it died of was reported as it died.
-    def finish(thread)
-      thread.join(1) unless thread == Thread.current
-    rescue StandardError
-      nil
-    end
-
-    def start_thread(name)
-      ready = Queue.new
-      thread = Thread.new do
-        Native.exclude_current_thread
-        ready << true
-        yield
-      end
-      thread.name = name
-      ready.pop
-      thread
-    end
-
-    # Accepts connections and reads their requests, all at once, until the
-    # server is stopped. A connection still incomplete at its deadline is
-    # closed; a complete request goes to the handlers.
-    def accept_loop
-      incoming = {}
-      pause = Pause.new
-      until @stopped
-        revive_handlers
-        accepting = pause.accepting?
-        readable, = IO.select(accepting ? [@server, *incoming.keys] : incoming.keys, nil, nil,
-                              wait_time(incoming, (pause.ends unless accepting)))
-        readable&.each do |io|
-          if io.equal?(@server)
-            accept(incoming, pause)
-          elsif (request = incoming[io].read)
-            incoming.delete(io)
-            request == :gone ? io.close : hand_over(io, request)
-          end
-        end
-        expire(incoming)
-      end
-    rescue IOError, Errno::EBADF
-      nil # the server was closed
-    ensure
-      incoming&.each_key { |io| io.close unless io.closed? }
-    end
-
-    # Seconds until the earliest deadline (of a request, or of the pause in
-    # accepting), at most WATCH.
-    def wait_time(incoming, pause_ends)
-      deadlines = incoming.each_value.map(&:deadline)
-      deadlines << pause_ends if pause_ends
-      return WATCH if deadlines.empty?
-
-      [[deadlines.min - Serve.now, 0].max, WATCH].min
-    end
-
-    # Starts again any handler the program killed (the accept thread itself
-    # is started again at exit: revive).
-    def revive_handlers
-      return if @handlers.all?(&:alive?)
-
-      @handlers = @handlers.each_with_index.map do |handler, i|
-        handler.alive? ? handler : start_thread("strobe serve #{i + 1}") { handle_loop }
-      end
-    rescue ThreadError => e
-      note "cannot start a thread: #{e.message}"
-    end
-
-    def accept(incoming, pause)
-      socket = @server.accept_nonblock(exception: false)
-      pause.succeeded
-      return if socket == :wait_readable # it went away before we took it
-
-      if incoming.size >= MAX_PENDING
-        refuse(socket, "too many connections")
-      else
-        incoming[socket] = Incoming.new(socket, Serve.now + @request_timeout)
-      end
-    rescue *ACCEPT_ERRORS => e
-      note "cannot accept a connection (#{e.message}); retrying" if pause.failed
-    end
-
-    def expire(incoming)
-      time = Serve.now
-      incoming.delete_if do |io, connection|
-        next false if connection.deadline > time
-
-        io.close
-        true
-      end
-    end
-
-    def hand_over(socket, request)
-      return refuse(socket, "too many requests") if @requests.size >= MAX_QUEUED
-
-      @requests << [socket, request]
-    rescue ClosedQueueError
-      socket.close
-    end
-
-    # A 503 that fits the socket's buffer, sent without waiting, and closed
-    # (what the client sent is read first: closing with it unread would
-    # reset the connection, and the 503 could be lost).
-    def refuse(socket, why)
-      body = "busy: #{why}, try again\n"
-      socket.read_nonblock(MAX_REQUEST, exception: false)
-      socket.write_nonblock(head(503, "text/plain", body.bytesize) + body, exception: false)
-    rescue StandardError
-      nil
-    ensure
-      socket.close
-    end
-
-    # Answers the requests the accepting thread hands over, until stopped.
-    def handle_loop
-      while (job = @requests.pop)
-        socket, request = job
-        begin
-          answer(socket, request)
-        rescue Timeout => e
-          note e.message
-        rescue StandardError => e
-          # A client that went away, or a request we could not answer: the
-          # program being profiled must not notice.
-          note "a request failed: #{e.class}: #{e.message.lines.first&.chomp}"
-        ensure
-          socket.close unless socket.closed?
-        end
-      end
-    end
-
-    def answer(socket, request)
-      out = DeadlineWriter.new(socket, Serve.now + @response_timeout)
-      return respond(out, 400, "bad request\n") unless request.is_a?(Request)
+    # Answers a request for this listener (Host) under the token.
+    def route(request, out)
       unless @hosts.include?(request.header("host").to_s.downcase)
         return respond(out, 403, "this server answers requests for 127.0.0.1:#{@port} only\n")
       end
@@ -578,22 +247,6 @@ module Strobe
       lines
     end
 
-    def respond(out, status, body, type: "text/plain", extra: [])
-      out.write(head(status, (type unless body.empty?), body.bytesize, extra) + body)
-    end
-
-    REASONS = { 200 => "OK", 204 => "No Content", 400 => "Bad Request", 403 => "Forbidden", 404 => "Not Found",
-                405 => "Method Not Allowed", 503 => "Service Unavailable" }.freeze
-
-    # The status line and headers.
-    def head(status, type, length, extra = [])
-      lines = ["HTTP/1.1 #{status} #{REASONS.fetch(status)}", "Cache-Control: no-store", "Connection: close",
-               "Referrer-Policy: no-referrer", "X-Content-Type-Options: nosniff", *extra]
-      lines << "Content-Type: #{type}" if type
-      lines << "Content-Length: #{length}" unless status == 204
-      "#{lines.join("\r\n")}\r\n\r\n"
-    end
-
     def index_page
       <<~HTML
         <!DOCTYPE html>
@@ -605,12 +258,6 @@ module Strobe
         <p>The profile so far in Strobe's own file format: <a href="#{strobe_url}">#{strobe_url}</a>
         (<code>strobe report #{strobe_url}</code>).</p></body></html>
       HTML
-    end
-
-    def note(message)
-      @err.puts "strobe serve: #{message}"
-    rescue StandardError
-      nil
     end
   end
 end

@@ -1,0 +1,468 @@
+# frozen_string_literal: true
+
+require "socket"
+require "io/wait"
+
+module Strobe
+  # The HTTP core Strobe's servers share (Strobe::Serve, the profile for the
+  # Firefox Profiler; Strobe::Continuous::PullServer, pprof for scrapers):
+  # a small server that runs inside the profiled process on threads of its
+  # own, never profiled themselves, and that nothing a client does can
+  # stall. A subclass binds it where it likes and answers requests (route);
+  # this class owns the rest:
+  #
+  # One thread accepts connections and reads their requests, all at once,
+  # each within REQUEST_TIMEOUT (an idle or slow connection costs a slot of
+  # MAX_PENDING, never anyone's wait); HANDLERS threads answer complete
+  # requests. A connection beyond MAX_PENDING, or a request beyond
+  # MAX_QUEUED waiting for a handler, gets 503 at once. A response may take
+  # as long as the subclass needs to produce it (a profile over N seconds);
+  # the client then has RESPONSE_TIMEOUT seconds to take it, and is dropped
+  # once it takes nothing for DeadlineWriter::STALL seconds.
+  #
+  # Accept errors that pass (out of descriptors or memory, a connection
+  # aborted) are retried after a Pause. Threads the program kills are
+  # started again (revive; the accept thread starts dead handlers itself).
+  class HTTPServer
+    REQUEST_TIMEOUT = 5
+    RESPONSE_TIMEOUT = 10
+    MAX_REQUEST = 16 * 1024
+    HANDLERS = 4
+    # Seconds between the accept thread's looks at the handlers (the
+    # program may kill them).
+    WATCH = 1.0
+    MAX_PENDING = 32
+    MAX_QUEUED = 16
+    # accept(2) failures that pass: retried after a Pause.
+    ACCEPT_ERRORS = [Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM, Errno::ECONNABORTED,
+                     Errno::EINTR, Errno::EPROTO, Errno::EPERM].freeze
+    BACKOFF = 0.05
+    MAX_BACKOFF = 1.0
+
+    # A client too slow to send its request or take the response.
+    class Timeout < StandardError; end
+
+    # Writes to a socket until a deadline, and while the client takes what
+    # is written: one that takes nothing for STALL seconds is dropped, so a
+    # client that never reads holds a handler that long, not the whole
+    # response deadline (review: eight of them delayed others by 20 s).
+    #
+    # The deadline is a time (HTTPServer.now + seconds), or, with within:,
+    # that many seconds from the first write: what the client has to take
+    # the response, however long producing it took.
+    class DeadlineWriter
+      STALL = 2
+
+      def initialize(io, deadline = nil, within: nil)
+        raise ArgumentError, "a deadline or within: seconds, not both" unless deadline.nil? ^ within.nil?
+
+        @io = io
+        @deadline = deadline
+        @within = within
+      end
+
+      # The seconds a wait may take now: to the deadline, at most STALL;
+      # nil when none are left.
+      def left
+        left = @deadline - HTTPServer.now
+        [left, STALL].min if left.positive?
+      end
+
+      # Writes all of data, or raises Timeout.
+      def write(data)
+        @deadline ||= HTTPServer.now + @within
+        data = data.b unless data.encoding == Encoding::BINARY
+        until data.empty?
+          written = @io.write_nonblock(data, exception: false)
+          if written == :wait_writable
+            raise Timeout, "a client did not take its response in time" unless (wait = left) && @io.wait_writable(wait)
+
+            next
+          end
+          data = data.byteslice(written..)
+        end
+        self
+      end
+
+      def flush
+        self
+      end
+    end
+
+    # How long to stop accepting after an accept error that passes (no
+    # descriptor left, say: the connection waits in the backlog): BACKOFF,
+    # doubled at each error in a row up to MAX_BACKOFF; none once one
+    # succeeds.
+    class Pause
+      attr_reader :ends
+
+      def initialize
+        @length = @ends = nil
+      end
+
+      def accepting?
+        @ends.nil? || HTTPServer.now >= @ends
+      end
+
+      # Starts or lengthens the pause; true for the first error in a row.
+      def failed
+        first = @length.nil?
+        @length = first ? BACKOFF : [@length * 2, MAX_BACKOFF].min
+        @ends = HTTPServer.now + @length
+        first
+      end
+
+      def succeeded
+        @length = @ends = nil
+      end
+    end
+
+    # A request's line and headers.
+    Request = Struct.new(:verb, :target, :headers) do
+      # Parses what came before the blank line; nil when it is not HTTP, or
+      # is ambiguous: a header line folded onto the one before, a field
+      # name with spaces, or two Host fields (RFC 9112 says 400 for each;
+      # a proxy and this server could take different ones for the Host).
+      def self.parse(head)
+        line, *lines = head.split("\r\n")
+        verb, target, version = line.to_s.split(" ", 3)
+        return nil unless verb && target&.start_with?("/") && version&.start_with?("HTTP/")
+
+        headers = {}
+        lines.each do |field|
+          name, value = field.split(":", 2)
+          return nil unless value && name.match?(/\A[!#$%&'*+.^_`|~0-9A-Za-z-]+\z/)
+
+          name = name.downcase
+          return nil if name == "host" && headers.key?(name)
+
+          headers[name] = value.strip
+        end
+        new(verb, target, headers)
+      end
+
+      def path
+        target.split("?", 2).first
+      end
+
+      # What follows the "?" of the target, undecoded; nil when none.
+      def query
+        target.split("?", 2)[1]
+      end
+
+      # A header's value by its lowercase name; nil when absent.
+      def header(name)
+        headers[name]
+      end
+    end
+
+    # A connection whose request is still arriving, until its deadline.
+    class Incoming
+      attr_reader :socket, :deadline
+
+      def initialize(socket, deadline)
+        @socket = socket
+        @deadline = deadline
+        @data = +""
+      end
+
+      # Reads what has arrived: nil while the request is incomplete, a
+      # Request, :bad (not HTTP, or too large) or :gone (closed early).
+      def read
+        chunk = @socket.read_nonblock(4096, exception: false)
+        return nil if chunk == :wait_readable
+        return :gone if chunk.nil?
+
+        @data << chunk
+        return :bad if @data.bytesize > MAX_REQUEST
+        return nil unless (ends = @data.index("\r\n\r\n"))
+
+        Request.parse(@data[0, ends]) || :bad
+      rescue SystemCallError, IOError
+        :gone
+      end
+    end
+
+    class << self
+      # Seconds by the monotonic clock: what every deadline here is in.
+      def now
+        Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+
+      # Compares a and b without stopping at the first difference, so the
+      # time taken says nothing of how much of the secret b a guess had.
+      def secure_equal?(a, b)
+        return false unless a.bytesize == b.bytesize
+
+        diff = 0
+        a.bytes.each_with_index { |byte, i| diff |= byte ^ b.getbyte(i) }
+        diff.zero?
+      end
+    end
+
+    attr_reader :port
+
+    # Binds host:port (port 0: any free one); raises SystemCallError when it
+    # cannot (the port is taken). name names the threads ("NAME", "NAME 1"
+    # ...) and starts the lines written to err. The deadlines are in
+    # seconds: request_timeout to send a request, response_timeout to take
+    # a response once its first byte is written.
+    def initialize(host, port, name:, err: $stderr, request_timeout: REQUEST_TIMEOUT,
+                   response_timeout: RESPONSE_TIMEOUT)
+      @request_timeout = seconds(:request_timeout, request_timeout)
+      @response_timeout = seconds(:response_timeout, response_timeout)
+      @name = name
+      @err = err
+      @server = listen(host, port)
+      @port = @server.addr[1]
+      @requests = Queue.new
+      @handlers = []
+      @stopped = false
+    rescue StandardError
+      @server&.close
+      raise
+    end
+
+    # Starts the server threads; returns once they are excluded from
+    # profiling, so that profiling started afterwards never samples them.
+    def start
+      revive
+      self
+    end
+
+    # Whether the server threads are all alive (the program may kill them).
+    def serving?
+      !@stopped && [@acceptor, *@handlers].all? { |thread| thread&.alive? }
+    end
+
+    # Starts again any server thread that is not alive (a program that kills
+    # every other thread kills them too); returns whether it serves.
+    def revive
+      return false if @stopped || @server.closed?
+
+      @acceptor = start_thread(@name) { accept_loop } unless @acceptor&.alive?
+      @handlers = Array.new(HANDLERS) do |i|
+        handler = @handlers[i]
+        handler&.alive? ? handler : start_handler(i)
+      end
+      true
+    rescue ThreadError => e # no more threads
+      note "cannot start a thread: #{e.message}"
+      false
+    end
+
+    # Stops serving: the threads end (a handler mid-response is killed) and
+    # the port is closed.
+    def stop
+      @stopped = true
+      threads = [@acceptor, *@handlers].compact
+      threads.each(&:kill)
+      @requests.close
+      threads.each { |thread| finish(thread) }
+      @server.close unless @server.closed?
+      nil
+    end
+
+    private
+
+    # The listening socket (a subclass may bind otherwise).
+    def listen(host, port)
+      TCPServer.new(host, port)
+    end
+
+    # Answers one complete request (request is a Request) by writing its
+    # response to out: what a subclass serves.
+    def route(_request, _out)
+      raise NotImplementedError, "#{self.class} answers no requests"
+    end
+
+    # The writer of a response: the client has response_timeout seconds to
+    # take it from its first byte on, however long producing it took.
+    def writer(socket)
+      DeadlineWriter.new(socket, within: @response_timeout)
+    end
+
+    # value, checked to be a positive number of seconds (name says which).
+    def seconds(name, value)
+      return value if value.is_a?(Numeric) && value.positive? && value.finite?
+
+      raise ArgumentError, "#{name} must be a positive number of seconds, got #{value.inspect}"
+    end
+
+    # Waits a little for a killed thread to end (its ensure closes its
+    # sockets); what it died of was reported as it died.
+    def finish(thread)
+      thread.join(1) unless thread == Thread.current
+    rescue StandardError
+      nil
+    end
+
+    # A thread named name running the block, once it is excluded from
+    # profiling.
+    def start_thread(name)
+      ready = Queue.new
+      thread = Thread.new do
+        Native.exclude_current_thread
+        ready << true
+        yield
+      end
+      thread.name = name
+      ready.pop
+      thread
+    end
+
+    # Handler number index + 1.
+    def start_handler(index)
+      start_thread("#{@name} #{index + 1}") { handle_loop }
+    end
+
+    # Accepts connections and reads their requests, all at once, until the
+    # server is stopped. A connection still incomplete at its deadline is
+    # closed; a complete request goes to the handlers.
+    def accept_loop
+      incoming = {}
+      pause = Pause.new
+      until @stopped
+        revive_handlers
+        accepting = pause.accepting?
+        readable, = IO.select(accepting ? [@server, *incoming.keys] : incoming.keys, nil, nil,
+                              wait_time(incoming, (pause.ends unless accepting)))
+        readable&.each do |io|
+          if io.equal?(@server)
+            accept(incoming, pause)
+          elsif (request = incoming[io].read)
+            incoming.delete(io)
+            request == :gone ? io.close : hand_over(io, request)
+          end
+        end
+        expire(incoming)
+      end
+    rescue IOError, Errno::EBADF
+      nil # the server was closed
+    ensure
+      incoming&.each_key { |io| io.close unless io.closed? }
+    end
+
+    # Seconds until the earliest deadline (of a request, or of the pause in
+    # accepting), at most WATCH.
+    def wait_time(incoming, pause_ends)
+      deadlines = incoming.each_value.map(&:deadline)
+      deadlines << pause_ends if pause_ends
+      return WATCH if deadlines.empty?
+
+      [[deadlines.min - HTTPServer.now, 0].max, WATCH].min
+    end
+
+    # Starts again any handler the program killed (the accept thread itself
+    # is started again at exit: revive).
+    def revive_handlers
+      return if @handlers.all?(&:alive?)
+
+      @handlers = @handlers.each_with_index.map do |handler, i|
+        handler.alive? ? handler : start_handler(i)
+      end
+    rescue ThreadError => e
+      note "cannot start a thread: #{e.message}"
+    end
+
+    # Takes a connection waiting (503 beyond MAX_PENDING); its request is
+    # read from now on, until request_timeout.
+    def accept(incoming, pause)
+      socket = @server.accept_nonblock(exception: false)
+      pause.succeeded
+      return if socket == :wait_readable # it went away before we took it
+
+      if incoming.size >= MAX_PENDING
+        refuse(socket, "too many connections")
+      else
+        incoming[socket] = Incoming.new(socket, HTTPServer.now + @request_timeout)
+      end
+    rescue *ACCEPT_ERRORS => e
+      note "cannot accept a connection (#{e.message}); retrying" if pause.failed
+    end
+
+    # Closes the connections whose request did not come in time.
+    def expire(incoming)
+      time = HTTPServer.now
+      incoming.delete_if do |io, connection|
+        next false if connection.deadline > time
+
+        io.close
+        true
+      end
+    end
+
+    # Queues a request for the handlers (503 beyond MAX_QUEUED).
+    def hand_over(socket, request)
+      return refuse(socket, "too many requests") if @requests.size >= MAX_QUEUED
+
+      @requests << [socket, request]
+    rescue ClosedQueueError
+      socket.close
+    end
+
+    # A 503 that fits the socket's buffer, sent without waiting, and closed
+    # (what the client sent is read first: closing with it unread would
+    # reset the connection, and the 503 could be lost).
+    def refuse(socket, why)
+      body = "busy: #{why}, try again\n"
+      socket.read_nonblock(MAX_REQUEST, exception: false)
+      socket.write_nonblock(head(503, "text/plain", body.bytesize) + body, exception: false)
+    rescue StandardError
+      nil
+    ensure
+      socket.close
+    end
+
+    # Answers the requests the accepting thread hands over, until stopped.
+    def handle_loop
+      while (job = @requests.pop)
+        socket, request = job
+        begin
+          answer(socket, request)
+        rescue Timeout => e
+          note e.message
+        rescue StandardError => e
+          # A client that went away, or a request we could not answer: the
+          # program being profiled must not notice.
+          note "a request failed: #{e.class}: #{e.message.lines.first&.chomp}"
+        ensure
+          socket.close unless socket.closed?
+        end
+      end
+    end
+
+    # Answers what the accept thread read: 400 when it is no request.
+    def answer(socket, request)
+      out = writer(socket)
+      return respond(out, 400, "bad request\n") unless request.is_a?(Request)
+
+      route(request, out)
+    end
+
+    # A whole response: status, headers (extra lines too) and body.
+    def respond(out, status, body, type: "text/plain", extra: [])
+      out.write(head(status, (type unless body.empty?), body.bytesize, extra) + body)
+    end
+
+    REASONS = { 200 => "OK", 204 => "No Content", 400 => "Bad Request", 401 => "Unauthorized", 403 => "Forbidden",
+                404 => "Not Found", 405 => "Method Not Allowed", 500 => "Internal Server Error",
+                503 => "Service Unavailable" }.freeze
+
+    # The status line and headers.
+    def head(status, type, length, extra = [])
+      lines = ["HTTP/1.1 #{status} #{REASONS.fetch(status)}", "Cache-Control: no-store", "Connection: close",
+               "Referrer-Policy: no-referrer", "X-Content-Type-Options: nosniff", *extra]
+      lines << "Content-Type: #{type}" if type
+      lines << "Content-Length: #{length}" unless status == 204
+      "#{lines.join("\r\n")}\r\n\r\n"
+    end
+
+    # A line on err (never an error of its own).
+    def note(message)
+      @err.puts "#{@name}: #{message}"
+    rescue StandardError
+      nil
+    end
+  end
+end
