@@ -2,6 +2,8 @@
 
 require_relative "test_helper"
 require_relative "puma_server"
+require_relative "protobuf_reader"
+require_relative "pyroscope_receiver"
 require "tmpdir"
 
 # Strobe::Middleware under a real Puma (issue 19), started as a server on
@@ -49,6 +51,26 @@ class TestPuma < Minitest::Test
         end
       end
     end
+  end
+
+  # Continuous profiling in a preloading cluster: each worker uploads its
+  # own windows, labelled with its own pid, whose request samples carry
+  # their endpoint.
+  def test_each_cluster_worker_pushes_its_own_continuous_profile
+    receiver = PyroscopeReceiver.new
+    with_served_cluster("--preload", env: { "CONTINUOUS_URL" => receiver.url }) do |_dir, served, master|
+      uploads = receiver.all_uploads.group_by { |u| Integer(u.labels["pid"]) }
+      served.each_key do |pid|
+        assert uploads[pid], "worker #{pid} uploads its own windows (from #{uploads.keys}, master #{master})"
+        endpoints = uploads[pid].flat_map do |u|
+          ProtobufReader.profile(u.profile)[:samples].map { |s| s[:labels].to_h["endpoint"] }
+        end
+        assert_includes endpoints, "GET /", "worker #{pid}'s request samples carry their endpoint"
+      end
+      assert(receiver.all_uploads.all? { |u| u.app == "puma-app.cpu" })
+    end
+  ensure
+    receiver&.stop
   end
 
   # Single mode, a permitted request asking for its own profile (?strobe=1)

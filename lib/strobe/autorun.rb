@@ -23,6 +23,9 @@
 #                    each stop writes a profile (STROBE_OUT is then a
 #                    directory, default ".", or a file name numbered from the
 #                    second stop on; see Strobe::Toggle)
+#   STROBE_CONTINUOUS_URL, STROBE_PPROF_LISTEN: continuous profiling
+#                    instead, pushed to Pyroscope or served for Alloy and
+#                    Parca to pull (see Strobe::Continuous::FromEnv)
 #   STROBE_SERVE     a port (0: any free one): instead of writing a file,
 #                    serve the profile so far as Firefox Profiler JSON, and
 #                    in Strobe's own format, on 127.0.0.1 (see
@@ -54,6 +57,7 @@ module Strobe
     # Returns true when profiling started.
     def start
       require_relative "../strobe"
+      return continuous if continuous_wanted?
       return toggle if present("STROBE_SIGNAL")
       return serve if present("STROBE_SERVE")
 
@@ -88,6 +92,18 @@ module Strobe
       format = present("STROBE_FORMAT")
       opts[:format] = format.to_sym if format
       opts
+    end
+
+    # STROBE_CONTINUOUS_URL or STROBE_PPROF_LISTEN: continuous profiling
+    # (Strobe::Continuous::FromEnv). Returns true when it runs.
+    def continuous
+      require_relative "continuous"
+      require_relative "continuous/from_env"
+      @err.puts "strobe: #{Continuous::FromEnv.new(@env).start(@err)}"
+      true
+    rescue StandardError, ScriptError => e
+      warn_line "not profiling: #{e.message}"
+      false
     end
 
     # STROBE_SIGNAL: profiling toggled by a signal. Returns true when the
@@ -145,6 +161,10 @@ module Strobe
     end
 
     private
+
+    def continuous_wanted?
+      present("STROBE_CONTINUOUS_URL") || present("STROBE_PPROF_LISTEN")
+    end
 
     # The options STROBE_SERVE profiles with, checked before the port is
     # bound: Strobe.start would refuse them only once the server runs.

@@ -435,18 +435,25 @@ module Strobe
     # application's call to its return: method, path, status (nil when the
     # application raised) and endpoint.
     def mark_request(env, since, response)
+      Middleware.mark_request(env, since, response)
+    rescue StandardError => e
+      warn_once "could not mark the request: #{e.message}"
+    end
+
+    # Adds the request marker of env's request, from since (Native.now_us)
+    # to now, to its thread's timeline (kept while the thread is sampled,
+    # whoever started the profile: Strobe::Continuous::Endpoints uses it).
+    def self.mark_request(env, since, response)
       method = env["REQUEST_METHOD"].to_s
-      path = Middleware.request_path(env)
+      path = request_path(env)
       status = response.is_a?(Array) ? response[0].to_i : nil
       status = nil unless status&.between?(0, 999)
       # Plain already but for the Strings' encodings (Markers.add's work,
       # without its generic pass over the data).
       method = Markers.utf8(method)
       path = Markers.utf8(path)
-      data = { method: method, path: path, status: status, endpoint: Markers.utf8(Middleware.endpoint(env)) }
+      data = { method: method, path: path, status: status, endpoint: Markers.utf8(endpoint(env)) }
       Native.marker_add(:request, "#{method} #{path}", since, Native.now_us, data)
-    rescue StandardError => e
-      warn_once "could not mark the request: #{e.message}"
     end
 
     def leave_scope((id, previous))

@@ -5,7 +5,8 @@
 # profiles its own work before the workers fork (preload_app!). With
 # PER_REQUEST set, the middleware answers permitted ?strobe=1 requests with
 # their own profiles, and /posts reports what a Rails app would through
-# ActiveSupport notifications (a query, the action).
+# ActiveSupport notifications (a query, the action). With CONTINUOUS_URL
+# set, it is profiled continuously, to that Pyroscope stand-in.
 require "strobe/middleware"
 
 module PumaApp
@@ -36,7 +37,15 @@ if ENV["MASTER_PROFILE"]
   PumaApp.master_work
 end
 
-if ENV["PER_REQUEST"]
+if ENV["CONTINUOUS_URL"]
+  # Continuous profiling from boot: with preload_app! the master starts it
+  # and each worker starts its own as it forks.
+  require "strobe/continuous"
+  Strobe::Continuous.start(url: ENV["CONTINUOUS_URL"], service_name: "puma-app", upload_every: 1,
+                           overhead_target: false)
+  use Strobe::Continuous::Endpoints
+  run ->(_env) { PumaApp.spin(0.05); [200, { "content-type" => "text/plain" }, [Process.pid.to_s]] }
+elsif ENV["PER_REQUEST"]
   require "active_support"
   require "active_support/notifications"
   use Strobe::Middleware, permit: ->(env) { env["REMOTE_ADDR"] == "127.0.0.1" }, notifications: %i[sql controller]

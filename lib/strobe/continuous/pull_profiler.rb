@@ -1,0 +1,80 @@
+# frozen_string_literal: true
+
+require "stringio"
+require_relative "../../strobe"
+require_relative "errors"
+
+module Strobe
+  class Continuous
+    # What the pull endpoint (PullServer) serves: a profile taken on
+    # request, for the seconds asked, then the profiler stops again, so a
+    # process that is not being scraped pays nothing. One at a time, as Go's
+    # CPU profile endpoint: a request that comes while one is taken, or
+    # while anything else profiles the process (a push session, the
+    # middleware), is told so (Busy).
+    class PullProfiler
+      TIME_MODES = %i[cpu wall].freeze
+      MODES = (TIME_MODES + [:object]).freeze
+      DEFAULT_INTERVAL = { cpu: 10_000, wall: 10_000, object: 1000 }.freeze
+      DEFAULT_SECONDS = 30
+
+      attr_reader :mode, :interval
+
+      def initialize(mode: :cpu, interval: nil)
+        mode = mode.to_sym if mode.is_a?(String)
+        raise ArgumentError, "mode must be #{MODES.map(&:inspect).join(', ')} to serve pulls, got #{mode.inspect}" unless MODES.include?(mode)
+
+        @mode = mode
+        @interval = interval.nil? ? DEFAULT_INTERVAL.fetch(mode) : Options.new(mode: mode, interval: interval).interval
+        @lock = Mutex.new
+      end
+
+      # /debug/pprof/profile: the gzipped pprof of the next `seconds` of
+      # the process's time samples.
+      def profile(seconds:)
+        unless TIME_MODES.include?(@mode)
+          raise Unavailable, "this listener samples allocations (mode #{@mode.inspect}): ask /debug/pprof/allocs"
+        end
+
+        take(seconds)
+      end
+
+      # /debug/pprof/allocs: the gzipped pprof of the allocations sampled
+      # over the next `seconds` (a delta profile, as Go's with ?seconds=;
+      # without, over DEFAULT_SECONDS: Strobe keeps no allocation counts
+      # since the process began, as Go's runtime does).
+      def allocs(seconds:)
+        seconds ||= DEFAULT_SECONDS
+        unless @mode == :object
+          raise Unavailable, "this listener samples #{@mode} time, not allocations: " \
+                             "Strobe.listen(..., mode: :object) serves them"
+        end
+
+        take(seconds)
+      end
+
+      private
+
+      def take(seconds)
+        raise Busy, "a profile is being taken for another request (one at a time)" unless @lock.try_lock
+
+        begin
+          started = Strobe.start(mode: @mode, interval: @interval, raw: true)
+          raise Busy, "Strobe is already profiling this process (continuous push, the middleware or Strobe.start)" unless started
+
+          round = Native.round
+          sleep seconds
+          raise Busy, "the profile was stopped by someone else" unless Native.stop_round(round)
+
+          result = Strobe.results
+          out = StringIO.new(+"".b)
+          Strobe.save(result, out, format: :pprof)
+          out.string
+        ensure
+          Strobe.results if round && Native.stop_round(round) # cut short: its samples go nowhere
+          @lock.unlock
+        end
+      end
+    end
+  end
+end

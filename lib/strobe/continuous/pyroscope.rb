@@ -1,0 +1,76 @@
+# frozen_string_literal: true
+
+require "uri"
+require_relative "../http_client"
+
+module Strobe
+  class Continuous
+    # Grafana Pyroscope's ingest API, as its server parses a request
+    # (grafana/pyroscope, pkg/ingester/pyroscope/ingest_handler.go):
+    #
+    #   POST /ingest?name=SERVICE.TYPE{k=v,...}&from=S&until=S&format=pprof
+    #        &sampleRate=HZ&spyName=strobe
+    #   body: the window's profile, gzipped pprof (profile.proto)
+    #
+    # format=pprof makes the body the profile as it is (no multipart form).
+    # The series is named by the pprof's sample types (cpu: process_cpu,
+    # wall, objects: memory), its service_name by the label of that name,
+    # which is sent too; the per-sample string labels (thread, endpoint)
+    # become series labels. Auth is Basic or Bearer, and X-Scope-OrgID names
+    # the tenant of a multi-tenant server.
+    class Pyroscope
+      TYPES = { cpu: "cpu", wall: "wall", object: "objects" }.freeze
+      # The answer of a server that took the profile (its 2xx), and those
+      # worth sending the same window again for: it may pass.
+      RETRY = [408, 429, 500, 502, 503, 504].freeze
+      # What is read of an answer, for its message.
+      BODY_LIMIT = 4096
+
+      # What an upload came to.
+      Outcome = Struct.new(:ok, :retry, :message)
+
+      def initialize(config)
+        @config = config
+        @client = HTTPClient.new(deadline: config.timeout, ca_file: config.ca_file)
+        @base = config.url.dup
+        @base.path = "#{config.url.path.chomp('/')}/ingest"
+        @base.query = nil
+      end
+
+      # The URL of one upload: the window from..till (Time), with its
+      # labels, at sample_rate (samples per second, or per allocation).
+      def url(from, till, sample_rate)
+        labels = @config.series_labels(sample_rate).map { |k, v| "#{k}=#{v}" }.join(",")
+        query = URI.encode_www_form(name: "#{@config.service_name}.#{TYPES.fetch(@config.mode)}{#{labels}}",
+                                    from: from.to_i, until: till.to_i, format: "pprof",
+                                    sampleRate: sample_rate, spyName: @config.spy_name)
+        uri = @base.dup
+        uri.query = query
+        uri.to_s
+      end
+
+      # Sends a window's gzipped pprof; an Outcome, never an exception.
+      def upload(body, from, till, sample_rate)
+        headers = { "Content-Type" => "application/octet-stream" }.merge(@config.headers)
+        response = @client.request(url(from, till, sample_rate), method: "POST", headers: headers, body: body,
+                                                                  body_limit: BODY_LIMIT)
+        return Outcome.new(true, false, nil) if response.code.between?(200, 299)
+
+        Outcome.new(false, RETRY.include?(response.code), "HTTP #{response.code} #{answer_of(response)}".strip)
+      rescue HTTPClient::Error => e
+        Outcome.new(false, true, e.message)
+      end
+
+      private
+
+      # What the server said: Pyroscope answers errors as JSON with a message.
+      def answer_of(response)
+        text = response.body.to_s.dup.force_encoding(Encoding::UTF_8).scrub
+        message = text[/"message"\s*:\s*"((?:[^"\\]|\\.)*)"/, 1] || text
+        message = message.gsub(/\s+/, " ").strip
+        message = "#{message[0, 200]}..." if message.length > 200
+        message.empty? ? response.reason.to_s : message
+      end
+    end
+  end
+end

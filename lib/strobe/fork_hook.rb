@@ -1,0 +1,44 @@
+# frozen_string_literal: true
+
+module Strobe
+  # What Strobe's Ruby side does in a forked child as it starts, through
+  # Process._fork (Ruby 3.1+), the method Ruby provides for monitoring
+  # libraries to wrap: every fork made from Ruby (Kernel#fork,
+  # Process.fork, IO.popen("-")) goes through it. A fork(2) made by C code
+  # does not. (The C side has its own pthread_atfork handlers: fork.c.)
+  #
+  #   ForkHook.in_child { ... }   # runs in each child, in the order given
+  module ForkHook
+    @actions = []
+
+    class << self
+      # Registers a block to run in every child forked from now on, and
+      # wraps Process._fork, once.
+      def in_child(&block)
+        @actions << block
+        return if Process.singleton_class.include?(Wrapper)
+
+        Process.singleton_class.prepend(Wrapper)
+      end
+
+      # In the child: each action, whatever the others raise (a child must
+      # not die of a profiler's trouble).
+      def run_in_child
+        @actions.each do |action|
+          action.call
+        rescue StandardError => e
+          $stderr.write("strobe: in the forked child: #{e.class}: #{e.message}\n")
+        end
+      end
+    end
+
+    # Prepended to Process's singleton class.
+    module Wrapper
+      def _fork
+        pid = super
+        ForkHook.run_in_child if pid.zero?
+        pid
+      end
+    end
+  end
+end

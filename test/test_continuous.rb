@@ -1,0 +1,316 @@
+# frozen_string_literal: true
+
+require_relative "test_helper"
+require_relative "protobuf_reader"
+require_relative "pyroscope_receiver"
+require "json"
+require "strobe/continuous"
+
+# Continuous profiling pushed to a Pyroscope stand-in on 127.0.0.1 that
+# parses requests as the server does (PyroscopeReceiver): what each upload
+# holds, what is counted when the store fails, forked workers, autorun.
+class TestContinuous < Minitest::Test
+  include ProtobufReader
+
+  # A child program: profiles continuously to url for `seconds` of CPU
+  # work in fib (with options), then stops and prints the stats as JSON.
+  def run_child(url, seconds: 3, options: "", work: nil, timeout: 90, env: {})
+    code = <<~RUBY
+      require "strobe/continuous"
+      require "json"
+      def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+      session = Strobe::Continuous.start(url: #{url.inspect}, service_name: "shop", upload_every: 1,
+                                         overhead_target: false, labels: { region: "eu" }#{options})
+      abort "not started" unless session
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      #{work || 'fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < ' + seconds.to_s}
+      $stdout.puts JSON.generate(Strobe::Continuous.stop)
+    RUBY
+    out, err, status = run_ruby(code, timeout: timeout, env: env)
+    assert status.success?, "the child failed: #{err}"
+    [JSON.parse(out.lines.last, symbolize_names: true), err]
+  end
+
+  def samples_of(upload)
+    profile(upload.profile)[:samples].sum { |s| s[:values].first }
+  end
+
+  def test_each_window_is_an_upload_the_server_takes_with_its_labels
+    receiver = PyroscopeReceiver.new
+    stats, err = run_child(receiver.url)
+    uploads = receiver.all_uploads
+    assert_empty err
+    assert_operator uploads.size, :>=, 2, "a window a second for 3 s"
+    assert_equal stats[:windows], uploads.size
+    assert_equal stats[:uploaded], uploads.size
+    assert_equal 0, stats[:dropped]
+
+    uploads.each do |upload|
+      assert_equal "/ingest", upload.path
+      assert_equal "pprof", upload.params["format"]
+      assert_equal "strobe", upload.params["spyName"]
+      assert_equal "100", upload.params["sampleRate"]
+      assert_equal "application/octet-stream", upload.headers["content-type"]
+      assert_equal "shop.cpu", upload.app
+      labels = upload.labels
+      assert_equal "shop", labels["service_name"]
+      assert_equal "eu", labels["region"]
+      assert_equal Socket.gethostname, labels["hostname"]
+      assert_match(/\A\d+\z/, labels["pid"])
+      assert_equal RUBY_VERSION, labels["ruby_version"]
+      assert_equal Strobe::VERSION, labels["strobe_version"]
+      assert_equal "100", labels["sample_rate"]
+      assert_operator upload.params["from"].to_i, :<=, upload.params["until"].to_i
+      prof = profile(upload.profile)
+      assert_equal [%w[samples count], %w[cpu nanoseconds]], prof[:sample_types]
+      assert_equal 10_000_000, prof[:period]
+      now = Time.now.to_r * 1e9
+      assert_operator prof[:time_nanos], :>, now - 3600e9, "within the hour Pyroscope takes"
+      threads = prof[:samples].map { |s| s[:labels].to_h["thread"] }.uniq
+      refute_includes threads, nil, "every sample names its thread"
+    end
+    # The windows follow each other: each begins where the one before ended,
+    # so together they are the profile of the whole span.
+    uploads.each_cons(2) { |a, b| assert_equal a.params["until"], b.params["from"] }
+    assert_equal stats[:samples], uploads.sum { |u| samples_of(u) }, "every sample is in one window"
+    assert(uploads.all? { |u| profile(u.profile)[:functions].values.any? { |f| f[:name] == "Object#fib" } })
+  ensure
+    receiver&.stop
+  end
+
+  def test_go_tool_pprof_reads_an_upload
+    receiver = PyroscopeReceiver.new
+    run_child(receiver.url, seconds: 2)
+    upload = receiver.all_uploads.max_by { |u| samples_of(u) }
+    Dir.mktmpdir do |dir|
+      path = File.join(dir, "window.pb")
+      File.binwrite(path, upload.profile)
+      out, err, status = run_tool("go", "tool", "pprof", "-top", path)
+      assert status.success?, "go tool pprof failed: #{err}"
+      assert_match(/Type: cpu/, out)
+      assert_match(/Object#fib/, out)
+      tags, err, status = run_tool("go", "tool", "pprof", "-tags", path)
+      assert status.success?, "go tool pprof -tags failed: #{err}"
+      assert_match(/thread: Total/, tags)
+    end
+  ensure
+    receiver&.stop
+  end
+
+  # Under Strobe::Continuous::Endpoints, samples taken while a request ran
+  # carry its endpoint.
+  def test_requests_give_samples_their_endpoint
+    receiver = PyroscopeReceiver.new
+    work = <<~RUBY
+      require "strobe/continuous/endpoints"
+      app = Strobe::Continuous::Endpoints.new(->(env) { fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 2; [200, {}, []] })
+      app.call("REQUEST_METHOD" => "GET", "PATH_INFO" => "/items/42")
+    RUBY
+    run_child(receiver.url, work: work)
+    endpoints = Hash.new(0)
+    receiver.all_uploads.each do |u|
+      profile(u.profile)[:samples].each { |s| endpoints[s[:labels].to_h["endpoint"]] += s[:values].first }
+    end
+    assert_operator endpoints["GET /items/:id"], :>, 0, "samples of the request: #{endpoints}"
+  ensure
+    receiver&.stop
+  end
+
+  def test_a_failing_store_costs_bounded_memory_and_counts_what_it_drops
+    receiver = PyroscopeReceiver.new(:error)
+    work = <<~RUBY
+      most = 0
+      until Process.clock_gettime(Process::CLOCK_MONOTONIC) - t > 6
+        fib(18)
+        most = [most, Strobe::Continuous.stats[:queued]].max
+      end
+      $stderr.puts "most queued: \#{most}"
+    RUBY
+    stats, err = run_child(receiver.url, work: work, options: ", flush_timeout: 1")
+    most = err[/most queued: (\d+)/, 1].to_i
+    assert_operator most, :<=, Strobe::Continuous::Uploader::CAPACITY
+    assert_operator stats[:windows], :>=, 5
+    assert_operator stats[:dropped], :>=, 1
+    assert_equal 0, stats[:uploaded]
+    assert_equal stats[:windows], stats[:dropped] + stats[:rejected], "every window is counted: #{stats}"
+    assert_match(/HTTP 500 store unavailable/, stats[:last_error])
+    # Backoff: a few attempts, not one per window and retry.
+    assert_operator receiver.attempts, :<, stats[:windows] + 3
+    assert_equal 1, err.scan("could not upload a profile").size, "said once: #{err}"
+  ensure
+    receiver&.stop
+  end
+
+  def test_a_store_that_is_down_or_hangs_never_holds_the_program
+    closed = TCPServer.new("127.0.0.1", 0)
+    down = "http://127.0.0.1:#{closed.addr[1]}"
+    closed.close
+    hanging = PyroscopeReceiver.new(:hang)
+    [down, hanging.url].each do |url|
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      stats, err = run_child(url, seconds: 2, options: ", timeout: 1, flush_timeout: 1")
+      took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+      assert_equal 0, stats[:uploaded]
+      assert_operator stats[:failures], :>=, 1
+      assert_equal stats[:windows], stats[:dropped] + stats[:rejected], stats.to_s
+      assert_match(/could not upload a profile/, err)
+      assert_operator took, :<, 30, "a hung store is given up at the deadlines"
+    end
+  ensure
+    hanging&.stop
+  end
+
+  def test_forked_workers_each_upload_their_own_windows
+    receiver = PyroscopeReceiver.new
+    work = <<~RUBY
+      pids = 2.times.map do
+        fork do
+          w = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - w < 2.5
+          $stdout.puts "worker \#{Process.pid} \#{Strobe::Continuous.running?}"
+          $stdout.flush
+        end
+      end
+      pids.each { |pid| Process.wait(pid) }
+    RUBY
+    out, err, status = run_ruby(<<~RUBY, timeout: 90)
+      require "strobe/continuous"
+      require "json"
+      def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+      Strobe::Continuous.start(url: #{receiver.url.inspect}, service_name: "shop", upload_every: 1, overhead_target: false)
+      t = 0
+      #{work}
+      $stdout.puts JSON.generate(Strobe::Continuous.stop)
+    RUBY
+    assert status.success?, err
+    workers = out.scan(/worker (\d+) true/).flatten
+    assert_equal 2, workers.size, out
+    by_pid = receiver.all_uploads.group_by { |u| u.labels["pid"] }
+    workers.each do |pid|
+      assert by_pid[pid], "worker #{pid} uploads its own windows: #{by_pid.keys}"
+      assert(by_pid[pid].any? { |u| samples_of(u).positive? })
+    end
+  ensure
+    receiver&.stop
+  end
+
+  def test_autorun_pushes_from_the_environment
+    receiver = PyroscopeReceiver.new
+    env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_CONTINUOUS_URL" => receiver.url,
+            "STROBE_SERVICE_NAME" => "worker", "STROBE_LABELS" => "team=core,tier=2", "STROBE_UPLOAD_EVERY" => "1" }
+    code = "def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2); t = Time.now; fib(20) while Time.now - t < 1.5"
+    _, err, status = run_ruby(code, env: env)
+    assert status.success?, err
+    assert_match(/profiling continuously to #{Regexp.escape(receiver.url)} as worker/, err)
+    uploads = receiver.all_uploads
+    refute_empty uploads
+    assert(uploads.all? { |u| u.app == "worker.cpu" && u.labels.values_at("team", "tier") == %w[core 2] })
+  ensure
+    receiver&.stop
+  end
+
+  def test_autorun_refuses_a_bad_setting_in_one_line
+    env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_CONTINUOUS_URL" => "ftp://x", "STROBE_SERVICE_NAME" => "w" }
+    out, err, status = run_ruby("puts :ran", env: env)
+    assert status.success?
+    assert_equal "ran\n", out
+    assert_match(/\Astrobe: not profiling: url must be an http/, err)
+    assert_equal 1, err.lines.size, err
+  end
+
+  def test_options_are_checked
+    ok = { url: "http://127.0.0.1:1", service_name: "s" }
+    error = assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, sample_every: 3) }
+    assert_match(/unknown option: :sample_every/, error.message)
+    assert_raises(ArgumentError) { Strobe::Continuous.start(url: "http://x") }
+    assert_match(/service_name/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, service_name: "a b") }.message)
+    assert_match(/label name/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, labels: { "a-b" => 1 }) }.message)
+    assert_match(/Strobe's own/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, labels: { pid: 1 }) }.message)
+    assert_match(/label syntax/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, labels: { a: "x,y" }) }.message)
+    assert_match(/mode/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, mode: :trace) }.message)
+    assert_match(/overhead_target/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, overhead_target: 2) }.message)
+    assert_match(/not both/, assert_raises(ArgumentError) { Strobe::Continuous.start(**ok, basic_auth: %w[u p], bearer_token: "t") }.message)
+    refute Strobe::Continuous.running?
+  end
+
+  def test_auth_and_tenant_headers_are_sent
+    receiver = PyroscopeReceiver.new
+    run_child(receiver.url, seconds: 1.2, options: ', bearer_token: "s3cret", tenant_id: "team-a"')
+    upload = receiver.all_uploads.first
+    assert_equal "Bearer s3cret", upload.headers["authorization"]
+    assert_equal "team-a", upload.headers["x-scope-orgid"]
+    run_child(receiver.url, seconds: 1.2, options: ', basic_auth: ["ann", "pw"]')
+    assert_equal "Basic #{['ann:pw'].pack('m0')}", receiver.all_uploads.last.headers["authorization"]
+  ensure
+    receiver&.stop
+  end
+
+  # The governor: the interval that holds the cost near the target.
+  def test_the_governor_lengthens_and_shortens_the_interval
+    g = Strobe::Continuous::Governor.new(0.01, 10_000, 1_000_000)
+    assert_equal 10_000, g.next_interval(10_000, 0.09, 10), "0.9 % of one CPU: within the target"
+    assert_equal 40_000, g.next_interval(10_000, 1.0, 10), "10 %: at most four times slower per window"
+    assert_equal 25_000, g.next_interval(10_000, 0.2, 10), "2 %: to 0.8 % (the aim)"
+    assert_equal 20_000, g.next_interval(40_000, 0.01, 10), "0.1 %: at most twice as fast per window"
+    assert_equal 10_000, g.next_interval(15_000, 0.01, 10), "never faster than asked"
+    assert_equal 1_000_000, g.next_interval(900_000, 5.0, 10), "never slower than the slowest"
+    assert_equal 10_000, Strobe::Continuous::Governor.new(nil, 10_000, 1_000_000).next_interval(10_000, 5.0, 10)
+  end
+
+  def test_the_governor_holds_a_low_target
+    receiver = PyroscopeReceiver.new
+    stats, = run_child(receiver.url, seconds: 4, options: ", overhead_target: 0.0005, interval: 1000")
+    assert_operator stats[:interval], :>, 1000, "a target below what 1 kHz costs lengthens the interval: #{stats}"
+    rates = receiver.all_uploads.map { |u| u.labels["sample_rate"].to_i }
+    assert_equal 1000, rates.first
+    assert_operator rates.last, :<, 1000, "the rate in force is each window's label: #{rates}"
+    last = receiver.all_uploads.last
+    assert_in_delta rates.last, 1e9 / profile(last.profile)[:period], 1, "and its pprof period"
+  ensure
+    receiver&.stop
+  end
+
+  # The pull endpoint of a real program, as Alloy and Parca scrape it:
+  # curl, then go tool pprof.
+  def test_the_pull_endpoint_serves_a_profile_of_the_seconds_asked
+    code = <<~RUBY
+      require "strobe/continuous"
+      def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+      server = Strobe::Continuous.listen("127.0.0.1:0", token: "t0ken")
+      $stdout.puts server.port
+      $stdout.flush
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      fib(20) until $stdin.ready? || Process.clock_gettime(Process::CLOCK_MONOTONIC) - t > 60
+    RUBY
+    IO.popen([RbConfig.ruby, "-I#{LIB}", "-rio/wait", "-e", code], "r+") do |child|
+      port = Integer(child.gets)
+      Dir.mktmpdir do |dir|
+        path = File.join(dir, "profile.pb.gz")
+        url = "http://127.0.0.1:#{port}/debug/pprof/profile?seconds=2"
+        out, err, status = run_tool("curl", "-sS", "-o", path, "-w", "%{http_code} %{content_type}",
+                                    "-H", "Authorization: Bearer t0ken", url, timeout: 60)
+        assert status.success?, err
+        assert_equal "200 application/octet-stream", out
+        top, err, status = run_tool("go", "tool", "pprof", "-top", path)
+        assert status.success?, "go tool pprof failed: #{err}"
+        assert_match(/Object#fib/, top)
+        duration = Float(top[/Duration: ([\d.]+)s/, 1])
+        assert_in_delta 2.0, duration, 0.5, "samples from those 2 s: #{top}"
+        out, = run_tool("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", url, timeout: 30)
+        assert_equal "401", out, "the token is required"
+      end
+    ensure
+      child.puts "done"
+    end
+  end
+
+  def test_autorun_listens_from_the_environment
+    env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_PPROF_LISTEN" => "127.0.0.1:0" }
+    _, err, status = run_ruby("sleep 0.1", env: env)
+    assert status.success?, err
+    assert_match(%r{\Astrobe: serving pprof at http://127\.0\.0\.1:\d+/debug/pprof/profile\?seconds=N$}, err)
+    both = env.merge("STROBE_CONTINUOUS_URL" => "http://127.0.0.1:9")
+    _, err, = run_ruby("sleep 0.1", env: both)
+    assert_match(/not profiling: STROBE_CONTINUOUS_URL and STROBE_PPROF_LISTEN are both set/, err)
+  end
+end
