@@ -280,7 +280,7 @@ class TestContinuous < Minitest::Test
       $stdout.puts server.port
       $stdout.flush
       t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      fib(20) until $stdin.ready? || Process.clock_gettime(Process::CLOCK_MONOTONIC) - t > 60
+      fib(20) until $stdin.wait_readable(0) || Process.clock_gettime(Process::CLOCK_MONOTONIC) - t > 60
     RUBY
     IO.popen([RbConfig.ruby, "-I#{LIB}", "-rio/wait", "-e", code], "r+") do |child|
       port = Integer(child.gets)
