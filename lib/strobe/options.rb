@@ -141,10 +141,19 @@ module Strobe
     end
 
     def parse_mode(mode)
-      mode = mode.to_sym if mode.is_a?(String)
-      return mode if MODES.include?(mode)
+      Options.mode_in(mode, MODES)
+    end
 
-      raise ArgumentError, "unknown mode: #{mode.inspect} (known: #{MODES.map(&:inspect).join(', ')})"
+    # mode (a Symbol or String) as a Symbol when it is one of allowed;
+    # ArgumentError otherwise, saying what the allowed ones are for.
+    def self.mode_in(mode, allowed, purpose = nil)
+      mode = mode.to_sym if mode.is_a?(String)
+      return mode if allowed.include?(mode)
+
+      known = allowed.map(&:inspect).join(", ")
+      raise ArgumentError, "unknown mode: #{mode.inspect} (known: #{known})" unless purpose
+
+      raise ArgumentError, "mode must be #{known} #{purpose}, got #{mode.inspect}"
     end
 
     def parse_interval(value)

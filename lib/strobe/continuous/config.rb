@@ -30,6 +30,12 @@ module Strobe
       # Labels Strobe sets itself.
       OWN_LABELS = %w[service_name hostname pid ruby_version strobe_version sample_rate].freeze
 
+      # The interval of mode: the one given, checked as Strobe.start
+      # checks it, or DEFAULT_INTERVAL's.
+      def self.interval_for(mode, interval)
+        interval.nil? ? DEFAULT_INTERVAL.fetch(mode) : Options.new(mode: mode, interval: interval).interval
+      end
+
       attr_reader :url, :service_name, :labels, :mode, :interval, :upload_every, :overhead_target, :headers,
                   :ca_file, :timeout, :flush_timeout, :spy_name, :err
 
@@ -119,16 +125,11 @@ module Strobe
       end
 
       def parse_mode(mode)
-        mode = mode.to_sym if mode.is_a?(String)
-        return mode if MODES.include?(mode)
-
-        raise ArgumentError, "mode must be #{MODES.map(&:inspect).join(', ')} for continuous profiling, got #{mode.inspect}"
+        Options.mode_in(mode, MODES, "for continuous profiling")
       end
 
       def parse_interval(interval)
-        return DEFAULT_INTERVAL.fetch(@mode) if interval.nil?
-
-        Options.new(mode: @mode, interval: interval).interval
+        Config.interval_for(@mode, interval)
       end
 
       def seconds(name, value, min: 0)

@@ -3,6 +3,7 @@
 require "stringio"
 require_relative "../../strobe"
 require_relative "errors"
+require_relative "config"
 
 module Strobe
   class Continuous
@@ -14,18 +15,13 @@ module Strobe
     # middleware), is told so (Busy).
     class PullProfiler
       TIME_MODES = %i[cpu wall].freeze
-      MODES = (TIME_MODES + [:object]).freeze
-      DEFAULT_INTERVAL = { cpu: 10_000, wall: 10_000, object: 1000 }.freeze
       DEFAULT_SECONDS = 30
 
       attr_reader :mode, :interval
 
       def initialize(mode: :cpu, interval: nil)
-        mode = mode.to_sym if mode.is_a?(String)
-        raise ArgumentError, "mode must be #{MODES.map(&:inspect).join(', ')} to serve pulls, got #{mode.inspect}" unless MODES.include?(mode)
-
-        @mode = mode
-        @interval = interval.nil? ? DEFAULT_INTERVAL.fetch(mode) : Options.new(mode: mode, interval: interval).interval
+        @mode = Options.mode_in(mode, Config::MODES, "to serve pulls")
+        @interval = Config.interval_for(@mode, interval)
         @lock = Mutex.new
       end
 
