@@ -195,8 +195,11 @@ class TestMarkers < Minitest::Test
     a = Strobe::Report.new(result, endpoint: "GET /a").result
     assert_equal 2, a[:threads].size, "the two threads that served /a"
     assert_equal(["GET /a", "GET /a"], a[:markers].select { |m| m[:type] == :request }.map { |m| m[:name] })
-    assert_operator a[:samples], :>=, 40
-    assert_operator a[:samples], :<, result[:samples]
+    # (No count of samples is expected: a loaded machine misses ticks.)
+    b = Strobe::Report.new(result, endpoint: "GET /b").result
+    assert_operator a[:samples], :>, 0
+    assert_operator b[:samples], :>, 0
+    assert_operator a[:samples] + b[:samples], :<=, result[:samples], "no sample counted for both endpoints"
   end
 
   # Native.windows_subset: samples of each window's thread in its window,
