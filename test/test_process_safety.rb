@@ -55,6 +55,30 @@ class TestProcessSafety < Minitest::Test
 
   # A forked child does not inherit what the parent's start was given for
   # its results (out:, metadata): its own profile is its own.
+  # A forked child whose profile is started by another of its threads
+  # samples its main thread (Ruby 3.1 reports the parent's tid for it:
+  # the thread that forked is the child's first, its tid the child's pid).
+  def test_a_forked_child_profiled_from_another_thread_samples_its_main_thread
+    out = assert_clean_exit(*run_ruby(<<~RUBY))
+      require "strobe"
+      #{BUSY}
+      def child_work = busy(0.6)
+      Strobe.start(mode: :cpu, raw: true)
+      pid = fork do
+        starter = Thread.new { Strobe.start(mode: :cpu, interval: 1000, raw: true) }
+        starter.join
+        child_work
+        Strobe.stop
+        r = Strobe.results
+        work = r[:frames].values.find { |f| f[:name] == "Object#child_work" }
+        print "child-main-sampled=\#{work && work[:total_samples] > 0}"
+      end
+      Process.wait(pid)
+      Strobe.stop
+    RUBY
+    assert_equal "child-main-sampled=true", out
+  end
+
   def test_a_forked_child_does_not_write_to_the_parents_out_file
     Dir.mktmpdir do |dir|
       out = assert_clean_exit(*run_ruby(<<~RUBY))

@@ -20,6 +20,9 @@
 #include "clock.h"
 #include "sigstack.h"
 #include <ruby/debug.h>
+#include <errno.h>
+#include <unistd.h>
+#include <sys/syscall.h>
 
 /* The Fiber storage key threads inherit a scope by (a static Symbol). */
 static VALUE scope_key;
@@ -317,6 +320,13 @@ strobe_sampler_register_running_threads(void)
              * on no native thread now is placed when it resumes. */
             if (NIL_P(id) && !strobe_mn_threads) continue;
             tid = NIL_P(id) ? 0 : (pid_t)NUM2INT(id);
+            /* The main thread of a forked child, started from another
+             * thread: Ruby 3.1 reports the parent's tid, which is no thread
+             * here. The thread that forked is the child's first, its tid
+             * the child's pid. */
+            if (tid && thread == rb_thread_main() && syscall(SYS_tgkill, (long)getpid(), (long)tid, 0L) != 0 &&
+                errno == ESRCH)
+                tid = getpid();
         }
         strobe_thread_t *t = strobe_threads_add(tid, thread, state);
         if (!t) strobe_sampler.unsampled_threads++;
