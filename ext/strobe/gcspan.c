@@ -176,6 +176,12 @@ gc_hook(VALUE tpval, void *data)
 }
 
 void
+strobe_gcspan_retime(long interval_us)
+{
+    G.interval_ns = (int64_t)interval_us * 1000;
+}
+
+void
 strobe_gcspan_start(strobe_mode_t mode, long interval_us)
 {
     if (NIL_P(hook)) {

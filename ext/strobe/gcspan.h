@@ -11,6 +11,8 @@
  * thread's wall time (:wall) or CPU time (:cpu) per sample. */
 void strobe_gcspan_start(strobe_mode_t mode, long interval_us);
 void strobe_gcspan_stop(void);
+/* GVL held: GC's samples are counted in intervals of interval_us from now. */
+void strobe_gcspan_retime(long interval_us);
 /* In a forked child: no GC is under way, none is counted. */
 void strobe_gcspan_after_fork(void);
 /* Async-signal-safe: whether thread t's time now is GC the hooks count

@@ -175,6 +175,23 @@ intern(pprof_t *p, VALUE str)
     return n;
 }
 
+/* A label's value: at most STROBE_PPROF_LABEL_MAX bytes of it, cut at a
+ * character's start (Pyroscope refuses a push holding a value over 2048
+ * bytes: one long thread name or request path would lose a whole window). */
+#define STROBE_PPROF_LABEL_MAX 1024
+static int64_t
+intern_label(pprof_t *p, VALUE str)
+{
+    if (RB_TYPE_P(str, T_STRING) && RSTRING_LEN(str) > STROBE_PPROF_LABEL_MAX) {
+        str = strobe_utf8_of(str);
+        const unsigned char *b = (const unsigned char *)RSTRING_PTR(str);
+        long end = STROBE_PPROF_LABEL_MAX;
+        while (end > 0 && (b[end] & 0xc0) == 0x80) end--;
+        str = rb_utf8_str_new((const char *)b, end);
+    }
+    return intern(p, str);
+}
+
 static int64_t
 intern_c(pprof_t *p, const char *s)
 {
@@ -265,13 +282,13 @@ write_samples(pprof_t *p, out_t *o, const uint32_t *loc, int values, int64_t per
     long threads = RARRAY_LEN(s->thread_ids);
     int64_t *thread_label = ALLOC_N(int64_t, threads);
     p->r->scratch[3] = thread_label;
-    for (long t = 0; t < threads; t++) thread_label[t] = intern(p, strobe_samples_thread_name(s, p->r->result, t, NULL));
+    for (long t = 0; t < threads; t++) thread_label[t] = intern_label(p, strobe_samples_thread_name(s, p->r->result, t, NULL));
     int64_t key_thread = intern_c(p, "thread"), key_thread_id = intern_c(p, "thread_id"), key_state = intern_c(p, "state");
     int64_t state_str[STROBE_STATES] = { 0 };
     for (int st = 1; st < STROBE_STATES; st++) state_str[st] = intern(p, rb_sym2str(strobe_state_sym(st)));
     int64_t key_endpoint = RARRAY_LEN(endpoints) ? intern_c(p, "endpoint") : 0;
     int64_t *endpoint_str = p->r->scratch[1] = ALLOC_N(int64_t, RARRAY_LEN(endpoints) + 1);
-    for (long e = 0; e < RARRAY_LEN(endpoints); e++) endpoint_str[e] = intern(p, RARRAY_AREF(endpoints, e));
+    for (long e = 0; e < RARRAY_LEN(endpoints); e++) endpoint_str[e] = intern_label(p, RARRAY_AREF(endpoints, e));
 
     for (uint32_t d = 1; d < keys->nodes_len; d++) {
         uint32_t node = keys->nodes[d].parent, thread = keys->nodes[d].frame;

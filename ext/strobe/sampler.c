@@ -164,6 +164,27 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
     return NULL;
 }
 
+const char *
+strobe_sampler_retime(long interval)
+{
+    if (!atomic_load(&strobe_sampler.running)) return "not running";
+    if (!(strobe_sampler.mode == STROBE_MODE_WALL || strobe_sampler.mode == STROBE_MODE_CPU))
+        return "only :wall and :cpu sample by time";
+    if (strobe_sampler.process_timer) return "the process-wide timer keeps its interval";
+    strobe_sampler_timer_stop();
+    strobe_sampler.interval = interval;
+    strobe_profile_lock();
+    strobe_profile.interval = interval;
+    strobe_profile_unlock();
+    strobe_gcspan_retime(interval);
+    if (strobe_sampler_timer_start() == 0) return NULL;
+    /* No timer thread now: the process-wide timer, as start falls back. */
+    if (strobe_sampler.safepoint_timer || strobe_sampler_process_timer_start() != 0) return "cannot start a timer";
+    strobe_sampler.process_timer = 1;
+    strobe_profile.process_timer = 1;
+    return NULL;
+}
+
 void
 strobe_sampler_stop(void)
 {

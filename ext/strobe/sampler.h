@@ -28,6 +28,10 @@ typedef enum { STROBE_TIMER_THREADS, STROBE_TIMER_PROCESS, STROBE_TIMER_SAFEPOIN
 /* only: an Array of the Threads to profile, or Qnil for every thread. */
 /* native: also capture native frames (mode :wall or :cpu, with signals). */
 const char *strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer_t timer, int native);
+/* GVL held: a running :wall or :cpu profile samples every interval
+ * microseconds from now on (the timer thread starts again with it; the
+ * profile's and GC's interval follow). NULL, or why it cannot. */
+const char *strobe_sampler_retime(long interval);
 void strobe_sampler_stop(void);
 int strobe_sampler_running(void);
 /* Profiled threads not sampled because STROBE_MAX_THREADS were running. */

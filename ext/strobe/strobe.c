@@ -335,6 +335,19 @@ native_snapshot(VALUE self, VALUE cut)
     return strobe_results_snapshot(RTEST(cut));
 }
 
+/* Strobe::Native.retime(interval) -> nil, or why not (a String): the
+ * running :wall or :cpu profile samples every interval microseconds from
+ * now on, without stopping (no other start can come between, as it could
+ * between a stop and a start). For the continuous profiler's governor. */
+static VALUE
+native_retime(VALUE self, VALUE interval)
+{
+    if (!FIXNUM_P(interval) || FIX2LONG(interval) < 1 || FIX2LONG(interval) > 1000000)
+        rb_raise(rb_eArgError, "interval must be an Integer from 1 to 1000000 microseconds");
+    const char *why = strobe_sampler_retime(FIX2LONG(interval));
+    return why ? rb_str_new_cstr(why) : Qnil;
+}
+
 /* Strobe::Native.exclude_current_thread: the calling thread is never
  * profiled again (Strobe's own threads, such as strobe serve's server). */
 static VALUE
@@ -434,6 +447,7 @@ Init_strobe(void)
     rb_define_singleton_method(mNative, "results", native_results, 0);
     rb_define_singleton_method(mNative, "memsize", native_memsize, 0);
     rb_define_singleton_method(mNative, "snapshot", native_snapshot, 1);
+    rb_define_singleton_method(mNative, "retime", native_retime, 1);
     rb_define_singleton_method(mNative, "exclude_current_thread", native_exclude_current_thread, 0);
     rb_define_singleton_method(mNative, "scope_enter", native_scope_enter, 0);
     rb_define_singleton_method(mNative, "scope_leave", native_scope_leave, 1);
