@@ -319,4 +319,100 @@ class TestContinuous < Minitest::Test
     _, err, = run_ruby("sleep 0.1", env: both)
     assert_match(/not profiling: STROBE_CONTINUOUS_URL and STROBE_PPROF_LISTEN are both set/, err)
   end
+
+  # Review of issue 21: what the program does to Strobe's session.
+  def test_the_program_stopping_the_profile_ends_the_session_and_its_threads
+    receiver = PyroscopeReceiver.new
+    work = <<~RUBY
+      fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.5
+      Strobe.stop
+      Strobe.results
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+      sleep 0.05 while Strobe::Continuous.running? && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      sleep 0.05 while Thread.list.any? { |th| th.name.to_s.start_with?("strobe continuous") } &&
+                       Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      $stderr.puts "threads left: \#{Thread.list.map(&:name).compact.grep(/strobe/).inspect}"
+      $stderr.puts "restart: \#{Strobe::Continuous.start(url: #{receiver.url.inspect}, service_name: "again").class}"
+    RUBY
+    _, err = run_child(receiver.url, work: work)
+    assert_match(/profiling was stopped by someone else: continuous profiling ends/, err)
+    assert_match(/threads left: \[\]/, err)
+    assert_match(/restart: Strobe::Continuous\b/, err)
+  ensure
+    receiver&.stop
+  end
+
+  def test_a_killed_window_thread_stops_the_sampling_it_started
+    receiver = PyroscopeReceiver.new
+    work = <<~RUBY
+      fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.2
+      Thread.list.find { |th| th.name == "strobe continuous" }.kill.join(10)
+      $stderr.puts "running: \#{Strobe::Continuous.running?} \#{Strobe.running?}"
+    RUBY
+    _, err = run_child(receiver.url, work: work)
+    assert_match(/running: false false/, err)
+  ensure
+    receiver&.stop
+  end
+
+  def test_stats_and_stop_work_in_a_trap_handler
+    receiver = PyroscopeReceiver.new
+    work = <<~RUBY
+      done = Queue.new
+      trap("USR1") { $stderr.puts "in trap: \#{Strobe::Continuous.stats[:windows]} \#{Strobe::Continuous.stop.class}"; done << 1 }
+      fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.2
+      Process.kill(:USR1, Process.pid)
+      done.pop
+    RUBY
+    _, err = run_child(receiver.url, work: work)
+    assert_match(/in trap: \d+ Hash/, err)
+    refute_match(/ThreadError/, err)
+  ensure
+    receiver&.stop
+  end
+
+  # Lines about failures are written outside every lock: a stderr nobody
+  # reads stalls the upload thread only, never stats or stop.
+  def test_a_stderr_nobody_reads_never_holds_stop
+    receiver = PyroscopeReceiver.new(:error)
+    work = <<~RUBY
+      fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 2.5
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      Strobe::Continuous.stats
+      Strobe::Continuous.stop
+      $stdout.puts "stopped in \#{(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).round(1)}"
+      $stdout.flush
+      exit!(0)
+    RUBY
+    code = <<~RUBY
+      require "strobe/continuous"
+      def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+      reader, writer = IO.pipe
+      writer.write_nonblock("x" * 65_536, exception: false) until writer.write_nonblock("x", exception: false) == :wait_writable
+      Strobe::Continuous.start(url: #{receiver.url.inspect}, service_name: "shop", upload_every: 1, flush_timeout: 1,
+                               err: writer)
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      #{work}
+    RUBY
+    out, err, status = run_ruby(code, timeout: 60)
+    assert status.success?, err
+    seconds = Float(out[/stopped in ([\d.]+)/, 1])
+    assert_operator seconds, :<, 10, "stop is bounded by flush_timeout, not by stderr"
+  ensure
+    receiver&.stop
+  end
+
+  def test_a_long_thread_name_is_cut_in_the_labels
+    receiver = PyroscopeReceiver.new
+    work = <<~RUBY
+      Thread.current.name = "w" * 3000
+      fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.2
+    RUBY
+    run_child(receiver.url, work: work)
+    names = receiver.all_uploads.flat_map { |u| profile(u.profile)[:samples].map { |x| x[:labels].to_h["thread"] } }
+    refute_empty names
+    assert_equal ["w" * 1024], names.uniq
+  ensure
+    receiver&.stop
+  end
 end

@@ -301,6 +301,8 @@ class TestMarkers < Minitest::Test
     env["action_controller.instance"] = controller.new
     assert_equal "PostsController#index", Strobe::Middleware.endpoint(env)
     assert_equal "GET /posts", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/posts?page=2"))
+    assert_equal "GET (not found)", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/wp-admin/setup.php"), 404),
+                 "a path nothing served is no endpoint of its own"
     assert_equal "GET /", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("").merge("PATH_INFO" => ""))
     # ids and tokens are not endpoints (nor labels a profile store keeps)
     { "/posts/42/comments/7" => "/posts/:id/comments/:id", "/v2/users" => "/v2/users",

@@ -257,6 +257,25 @@ class TestPullServer < Minitest::Test
 
   # Two profiles at once are both taken and answered (each holds a
   # handler while it runs).
+  # One address sending requests slowly holds at most
+  # MAX_PENDING_PER_PEER of the slots: the next of its connections is
+  # refused at once, the slots beyond stay for others.
+  def test_one_slow_address_holds_few_slots
+    with_pull(token: "t0ken") do |server, _, _|
+      slow = Array.new(PullServer::MAX_PENDING_PER_PEER) do
+        TCPSocket.new("127.0.0.1", server.port).tap { |s| s.write("GET /debug/pprof/ HTTP/1.1\r\n") }
+      end
+      extra = TCPSocket.new("127.0.0.1", server.port)
+      extra.write("GET /debug/pprof/ HTTP/1.1\r\n")
+      answer = extra.wait_readable(10) && extra.read
+      assert_match(%r{\AHTTP/1\.1 503 .*too many connections from 127\.0\.0\.1}m, answer.to_s)
+      slow.each(&:close)
+      assert_equal "200", get(server, "/debug/pprof/", { "Authorization" => "Bearer t0ken" }).code, "served once they are gone"
+    ensure
+      extra&.close
+    end
+  end
+
   def test_two_profiles_at_once
     with_pull(FakeProfiler.new(sleep: false, meet: 2)) do |server, profiler, _|
       responses = Array.new(2) { Thread.new { get(server, "/debug/pprof/profile?seconds=2") } }.map(&:value)

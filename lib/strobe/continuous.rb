@@ -50,8 +50,12 @@ module Strobe
     autoload :PullProfiler, File.expand_path("continuous/pull_profiler", __dir__)
 
     @lock = Mutex.new
-    @current = nil
+    @current = @starter = nil
     @hooked = false
+
+    # A forked child's session starts this long after the fork (seconds):
+    # a child that execs or exits at once (fork { exec ... }) costs nothing.
+    CHILD_DELAY = 1.0
 
     class << self
       # Starts continuous profiling; returns the Continuous, or false when
@@ -59,8 +63,9 @@ module Strobe
       # the profiler could not start (another profile is running).
       def start(**options)
         config = Config.new(options)
+        current # (a session to take over after a fork that bypassed the hook)
         @lock.synchronize do
-          return false if @current&.running?
+          return false if @current&.running? || @starter&.alive?
 
           install_hooks
           @current = new(config).start
@@ -68,25 +73,19 @@ module Strobe
       end
 
       # Stops it: the last window is cut and sent (within flush_timeout:
-      # seconds). Returns its stats, or nil when none was running.
+      # seconds). Returns its stats, or nil when none was running. Works
+      # from a trap handler too (the work is done on a thread).
       def stop
-        session = @lock.synchronize do
-          current = @current
-          @current = nil
-          current
-        end
-        return nil unless session&.running?
-
-        session.stop
+        Thread.new { stop_session }.value
       end
 
       def running?
-        @current&.running? || false
+        current&.running? || false
       end
 
       # The counts of the running session (see #stats); nil when none runs.
       def stats
-        @current&.stats
+        current&.stats
       end
 
       # Serves Go's pprof endpoints (/debug/pprof/profile?seconds=N) at
@@ -102,27 +101,51 @@ module Strobe
         Process.clock_gettime(Process::CLOCK_MONOTONIC)
       end
 
-      # In a forked child (Strobe::ForkHook): the session of the
-      # parent is not the child's; a new one with its settings starts.
+      # In a forked child (Strobe::ForkHook): the parent's session is not the
+      # child's; one with its settings starts CHILD_DELAY seconds later.
       def after_fork
         @lock = Mutex.new
         parent = @current
         @current = nil
         return unless parent&.running?(any_process: true)
 
-        @current = new(parent.config).start
-      rescue StandardError => e
-        warn_line(parent&.config&.err || $stderr, "not profiling this child process: #{e.message}")
+        @starter = Thread.new do
+          Native.exclude_current_thread
+          sleep CHILD_DELAY
+          @lock.synchronize { @current ||= new(parent.config).start }
+        rescue StandardError => e
+          warn_line(parent.config.err, "not profiling this child process: #{e.message}")
+        end
+        @starter.name = "strobe continuous start"
       end
 
-      # One line on err; nothing it raises goes further.
+      # One line on err, control characters shown as "?"; nothing it raises
+      # goes further.
       def warn_line(err, message)
-        err.write("strobe continuous: #{message}\n")
+        err.write("strobe continuous: #{message.to_s.gsub(/[[:cntrl:]]/, '?')}\n")
       rescue StandardError
         nil
       end
 
       private
+
+      # The session of this process. A process made by a fork that bypassed
+      # Process._fork (Process.daemon, C code) finds its parent's session
+      # here, and starts its own.
+      def current
+        after_fork if @current && @current.pid != Process.pid && @current.running?(any_process: true)
+        @current
+      end
+
+      def stop_session
+        @starter&.kill # (a child's session not started yet never starts)
+        session = @lock.synchronize do
+          taken = @current
+          @current = nil
+          taken
+        end
+        session&.pid == Process.pid ? session.stop : nil
+      end
 
       # At exit, the running session's last window is sent; a forked
       # child starts its own session. Installed once.
@@ -155,12 +178,14 @@ module Strobe
     # Starts sampling, the window thread and the upload thread.
     def start
       @target = Pyroscope.new(@config)
-      begin_sampling(@interval)
+      begin_sampling
       @uploader = Uploader.new(@target, note: method(:note), cpu: method(:add_cpu))
       @cutter = Thread.new { cut_loop }
       @cutter.name = "strobe continuous"
       self
     end
+
+    attr_reader :pid
 
     def running?(any_process: false)
       (any_process || @pid == Process.pid) && !@stopping && !@cutter.nil?
@@ -176,8 +201,8 @@ module Strobe
       end
       @cutter&.join([deadline - Continuous.now, 0].max)
       @cutter&.kill
-      Strobe.stop if mine?
-      @uploader.close(deadline)
+      @cutter&.join(1)
+      finish(deadline)
       stats
     end
 
@@ -186,7 +211,8 @@ module Strobe
     # (with samples) and the samples in them; windows sent, dropped (the
     # store slow or down), refused by it, waiting now; failed attempts;
     # bytes sent; the interval in force; the cost of the last window as a
-    # share of one CPU; the last failure's message.
+    # share of one CPU; the last failure's message. (Read without a lock:
+    # it may be called from a trap handler.)
     def stats
       { windows: @windows, samples: @samples, uploaded: @uploader.uploaded, dropped: @uploader.dropped,
         rejected: @uploader.rejected, queued: @uploader.queued, failures: @uploader.failures, bytes: @uploader.bytes,
@@ -195,8 +221,8 @@ module Strobe
 
     private
 
-    def begin_sampling(interval)
-      started = Strobe.start(mode: @config.mode, interval: interval, raw: true,
+    def begin_sampling
+      started = Strobe.start(mode: @config.mode, interval: @interval, raw: true,
                              metadata: { "service_name" => @config.service_name })
       raise Busy, "another profile is running in this process" unless started
 
@@ -212,7 +238,9 @@ module Strobe
     end
 
     # Every upload_every seconds, the window is cut and queued, until stop
-    # (which cuts the last one).
+    # (which cuts the last one). However it ends (someone else stopped the
+    # profile, an error, the thread killed), what the session started
+    # stops with it.
     def cut_loop
       Native.exclude_current_thread
       loop do
@@ -228,7 +256,18 @@ module Strobe
       end
     rescue StandardError => e
       note "stopped: #{e.class}: #{e.message}"
-      @stopping = true
+    ensure
+      unless @stopping
+        @stopping = true
+        finish(Continuous.now + @config.flush_timeout)
+      end
+    end
+
+    # The profile this session started stops (its samples since the last
+    # window go nowhere), and the uploader sends what waits until deadline.
+    def finish(deadline)
+      Strobe.results if mine? && Native.stop_round(@round)
+      @uploader.close(deadline)
     end
 
     # Takes the window sampled so far and queues its profile; returns
@@ -236,34 +275,33 @@ module Strobe
     def cut(final:)
       unless mine?
         note "profiling was stopped by someone else: continuous profiling ends" unless final
-        @stopping = true
         return false
       end
 
       started = thread_cpu
       till = Time.now
       next_interval = govern(till)
-      result = if final || next_interval != @interval
-                 Strobe.stop
+      result = if final
+                 Native.stop_round(@round)
                  Strobe.results
                else
                  Strobe.snapshot(reset: true)
                end
-      rate = sample_rate(@interval)
-      from = @from
-      if final
-        @stopping = true
-      elsif next_interval != @interval || !result
-        @interval = next_interval
-        begin_sampling(@interval) unless Strobe.running?
-      else
-        @from = till
-      end
-      queue(result, from, till, rate)
+      queue(result, @from, till, sample_rate(@interval))
+      @from = till
+      retime(next_interval) unless final || next_interval == @interval
       add_cpu(thread_cpu - started)
       true
     end
 
+    # Samples every interval from now on, without stopping (Native.retime:
+    # nothing can start between a stop and a start).
+    def retime(interval)
+      why = Native.retime(interval)
+      return @interval = interval unless why
+
+      note "the sampling interval stays #{@interval} us: #{why}"
+    end
     # The interval for the next window, from what the one ending cost.
     def govern(till)
       now_cost = Native.cost.sum

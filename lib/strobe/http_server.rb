@@ -158,12 +158,17 @@ module Strobe
 
     # A connection whose request is still arriving, until its deadline.
     class Incoming
-      attr_reader :socket, :deadline
+      attr_reader :socket, :deadline, :peer
 
       def initialize(socket, deadline)
         @socket = socket
         @deadline = deadline
         @data = +""
+        @peer = begin
+          socket.remote_address.ip_address
+        rescue StandardError
+          nil
+        end
       end
 
       # Reads what has arrived: nil while the request is incomplete, a
@@ -372,13 +377,24 @@ module Strobe
       pause.succeeded
       return if socket == :wait_readable # it went away before we took it
 
+      connection = Incoming.new(socket, HTTPServer.now + @request_timeout)
       if incoming.size >= MAX_PENDING
         refuse(socket, "too many connections")
+      elsif incoming.each_value.count { |other| other.peer == connection.peer } >= max_pending_per_peer
+        refuse(socket, "too many connections from #{connection.peer}")
       else
-        incoming[socket] = Incoming.new(socket, HTTPServer.now + @request_timeout)
+        incoming[socket] = connection
       end
     rescue *ACCEPT_ERRORS => e
       note "cannot accept a connection (#{e.message}); retrying" if pause.failed
+    end
+
+    # How many requests one address may have arriving at once: all of
+    # MAX_PENDING here (strobe serve's clients are all 127.0.0.1); a
+    # server others reach sets fewer, so that one slow client cannot take
+    # every slot from the rest.
+    def max_pending_per_peer
+      MAX_PENDING
     end
 
     # Closes the connections whose request did not come in time.

@@ -180,13 +180,18 @@ module Strobe
 
     # What a request is in reports (the request marker's endpoint, pprof's
     # endpoint label): Rails' Controller#action where Rails served it, else
-    # its method and route, or its path's shape (see path_shape).
-    def self.endpoint(env)
+    # its method and route, or its path's shape (see path_shape); a path
+    # nothing served (status 404, no route) is "METHOD (not found)", so
+    # that a scanner's thousand paths are one endpoint, not a thousand.
+    def self.endpoint(env, status = nil)
       controller = env["action_controller.instance"]
       return "#{controller.class.name}##{controller.action_name}" if controller.respond_to?(:action_name) && controller.class.name
 
       route = env["action_dispatch.route_uri_pattern"] # Rails 7.1+, for a route to a Rack app
-      "#{env['REQUEST_METHOD']} #{route.is_a?(String) && !route.empty? ? route : path_shape(request_path(env))}"
+      return "#{env['REQUEST_METHOD']} #{route}" if route.is_a?(String) && !route.empty?
+      return "#{env['REQUEST_METHOD']} (not found)" if status == 404
+
+      "#{env['REQUEST_METHOD']} #{path_shape(request_path(env))}"
     end
 
     # A path's shape for an endpoint: segments that look like ids, tokens
@@ -452,7 +457,7 @@ module Strobe
       # without its generic pass over the data).
       method = Markers.utf8(method)
       path = Markers.utf8(path)
-      data = { method: method, path: path, status: status, endpoint: Markers.utf8(endpoint(env)) }
+      data = { method: method, path: path, status: status, endpoint: Markers.utf8(endpoint(env, status)) }
       Native.marker_add(:request, "#{method} #{path}", since, Native.now_us, data)
     end
 

@@ -26,9 +26,17 @@ module Strobe
       # reader of the series.
       SERVICE_NAME = %r{\A[A-Za-z0-9_.\-/]+\z}
       LABEL_NAME = /\A[a-zA-Z_][a-zA-Z0-9_.]*\z/
-      LABEL_VALUE = /\A[^{},="\\\n\r]*\z/
-      # Labels Strobe sets itself.
-      OWN_LABELS = %w[service_name hostname pid ruby_version strobe_version sample_rate].freeze
+      LABEL_VALUE = /\A[^{},="\\[:cntrl:]]{0,1024}\z/
+      # Labels Strobe sets itself (on the window, and per sample), and
+      # Pyroscope's own.
+      OWN_LABELS = %w[service_name hostname pid ruby_version strobe_version sample_rate thread thread_id state
+                      endpoint pyroscope_spy].freeze
+      # Pyroscope takes at most 30 labels per series: its own 4, Strobe's 5
+      # others and 3 per sample leave 18; some are kept spare.
+      MAX_LABELS = 16
+      # The longest a window or a wait may be (seconds): Pyroscope refuses a
+      # profile that began over an hour ago.
+      MAX_SECONDS = 3600
 
       # The interval of mode: the one given, checked as Strobe.start
       # checks it, or DEFAULT_INTERVAL's.
@@ -52,7 +60,7 @@ module Strobe
         @labels = parse_labels(opts.fetch(:labels, {}))
         @mode = parse_mode(opts.fetch(:mode, :cpu))
         @interval = parse_interval(opts[:interval])
-        @upload_every = seconds(:upload_every, opts.fetch(:upload_every, DEFAULT_UPLOAD_EVERY), min: 1)
+        @upload_every = seconds(:upload_every, opts.fetch(:upload_every, DEFAULT_UPLOAD_EVERY), min: 1, max: 600)
         @overhead_target = parse_target(opts.fetch(:overhead_target, DEFAULT_OVERHEAD_TARGET))
         @headers = auth_headers(opts[:basic_auth], opts[:bearer_token], opts[:tenant_id])
         @ca_file = opts[:ca_file]&.to_s
@@ -105,8 +113,10 @@ module Strobe
       def label_value(name, value)
         value = value.to_s if value.is_a?(Symbol) || value.is_a?(Numeric)
         raise ArgumentError, "#{name} must be a String, got #{value.inspect}" unless value.is_a?(String)
-        unless value.match?(LABEL_VALUE)
-          raise ArgumentError, "#{name} #{value.inspect} holds a character Pyroscope's label syntax cannot carry ({ } , = \" \\ or a line break)"
+        unless value.valid_encoding? && value.match?(LABEL_VALUE)
+          shown = value.length > 40 ? "#{value[0, 40].inspect}..." : value.inspect
+          raise ArgumentError, "#{name} #{shown} must be at most 1024 characters, none of { } , = \" \\ " \
+                               "or a control character (what Pyroscope's label syntax carries)"
         end
 
         value
@@ -115,10 +125,13 @@ module Strobe
       def parse_labels(labels)
         raise ArgumentError, "labels must be a Hash, got #{labels.inspect}" unless labels.is_a?(Hash)
 
+        raise ArgumentError, "at most #{MAX_LABELS} labels (Pyroscope takes 30 per series), got #{labels.size}" if labels.size > MAX_LABELS
+
         labels.to_h do |name, value|
           name = name.to_s
           raise ArgumentError, "label name #{name.inspect} must match #{LABEL_NAME.source}" unless name.match?(LABEL_NAME)
           raise ArgumentError, "label #{name} is Strobe's own: it sets it itself" if OWN_LABELS.include?(name)
+          raise ArgumentError, "label names starting with __ are Pyroscope's own, got #{name}" if name.start_with?("__")
 
           [name, label_value("label #{name}", value)]
         end
@@ -132,10 +145,13 @@ module Strobe
         Config.interval_for(@mode, interval)
       end
 
-      def seconds(name, value, min: 0)
-        return value if value.is_a?(Numeric) && value.real? && value.finite? && value.positive? && value >= min
+      def seconds(name, value, min: 0, max: MAX_SECONDS)
+        if value.is_a?(Numeric) && value.real? && value.finite? && value.positive? && value.between?(min, max)
+          return value
+        end
 
-        raise ArgumentError, "#{name} must be a number of seconds#{" of at least #{min}" if min.positive?}, got #{value.inspect}"
+        raise ArgumentError, "#{name} must be a number of seconds#{" from #{min}" if min.positive?} up to #{max}, " \
+                             "got #{value.inspect}"
       end
 
       def parse_target(value)

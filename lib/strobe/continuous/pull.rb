@@ -115,6 +115,11 @@ module Strobe
         PullServer.listening << @server
       end
 
+      # Requests arriving at once from one address (the rest of
+      # MAX_PENDING stays for the scrapers: a client sending slowly, the
+      # token not yet seen, holds at most these).
+      MAX_PENDING_PER_PEER = 4
+
       # The index of what is served.
       def url
         "http://#{@host.include?(':') ? "[#{@host}]" : @host}:#{@port}#{INDEX}"
@@ -129,6 +134,10 @@ module Strobe
       end
 
       private
+
+      def max_pending_per_peer
+        MAX_PENDING_PER_PEER
+      end
 
       # Every interface: IPv6's, which on Linux takes IPv4 too (unless
       # net.ipv6.bindv6only is set), or IPv4's where there is no IPv6.

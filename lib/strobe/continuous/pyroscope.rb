@@ -41,35 +41,47 @@ module Strobe
       # labels, at sample_rate (samples per second, or per allocation).
       def url(from, till, sample_rate)
         labels = @config.series_labels(sample_rate).map { |k, v| "#{k}=#{v}" }.join(",")
-        query = URI.encode_www_form(name: "#{@config.service_name}.#{TYPES.fetch(@config.mode)}{#{labels}}",
-                                    from: from.to_i, until: till.to_i, format: "pprof",
-                                    sampleRate: sample_rate, spyName: @config.spy_name)
+        params = { name: "#{@config.service_name}.#{TYPES.fetch(@config.mode)}{#{labels}}", from: from.to_i,
+                   until: till.to_i, format: "pprof", sampleRate: sample_rate, spyName: @config.spy_name }
+        # (The server reads sampleRate as an integer, and logs anything else:
+        # allocations have none. For pprof it takes the period instead.)
+        params.delete(:sampleRate) unless sample_rate.is_a?(Integer)
+        query = URI.encode_www_form(params)
         uri = @base.dup
         uri.query = query
         uri.to_s
       end
 
-      # Sends a window's gzipped pprof; an Outcome, never an exception.
+      # Sends a window's gzipped pprof; an Outcome, never an exception. A
+      # 2xx status is success whatever follows it (the store has the
+      # window: sending it again would count it twice).
       def upload(body, from, till, sample_rate)
         headers = { "Content-Type" => "application/octet-stream" }.merge(@config.headers)
-        response = @client.request(url(from, till, sample_rate), method: "POST", headers: headers, body: body,
-                                                                  body_limit: BODY_LIMIT)
-        return Outcome.new(true, false, nil) if response.code.between?(200, 299)
+        @client.request(url(from, till, sample_rate), method: "POST", headers: headers, body: body,
+                                                       body_limit: BODY_LIMIT) do |response|
+          next Outcome.new(true, false, nil) if response.code.between?(200, 299)
 
-        Outcome.new(false, RETRY.include?(response.code), "HTTP #{response.code} #{answer_of(response)}".strip)
+          Outcome.new(false, RETRY.include?(response.code), "HTTP #{response.code} #{answer_of(response)}".strip)
+        end
       rescue HTTPClient::Error => e
         Outcome.new(false, true, e.message)
       end
 
       private
 
-      # What the server said: Pyroscope answers errors as JSON with a message.
+      # What the server said (Pyroscope answers errors as JSON with a
+      # message), in one line of printable characters.
       def answer_of(response)
-        text = response.body.to_s.dup.force_encoding(Encoding::UTF_8).scrub
+        text = begin
+          response.read_body.to_s
+        rescue HTTPClient::Error
+          ""
+        end
+        text = text.dup.force_encoding(Encoding::UTF_8).scrub.gsub(/[[:cntrl:]]/, " ")
         message = text[/"message"\s*:\s*"((?:[^"\\]|\\.)*)"/, 1] || text
         message = message.gsub(/\s+/, " ").strip
         message = "#{message[0, 200]}..." if message.length > 200
-        message.empty? ? response.reason.to_s : message
+        message.empty? ? response.reason.to_s.gsub(/[[:cntrl:]]/, " ") : message
       end
     end
   end

@@ -7,24 +7,29 @@ module Strobe
     # them); when another comes, the oldest not being sent is dropped and
     # counted (a window waiting to be sent again is not being sent), so a
     # slow or absent store costs bounded memory. A window the store may yet
-    # take (no answer, 5xx, 429) is sent again after a pause that doubles
-    # with each failure in a row, from BACKOFF up to MAX_BACKOFF, with
-    # jitter (a fleet restarted together does not retry together); one it
-    # refused (4xx) is dropped. The first failure of a run and the recovery
-    # are each said in one line.
+    # take (no answer, 408, 429, 5xx) is sent again after a pause that
+    # doubles with each failure in a row, from BACKOFF up to MAX_BACKOFF,
+    # with jitter (a fleet restarted together does not retry together); one
+    # it refused (another 4xx) is dropped. Failures, and the recovery after
+    # them, are said in one line each at most every QUIET seconds (a store
+    # that comes and goes does not fill stderr); lines are written outside
+    # the lock, so a stderr nobody reads stalls nothing but this thread.
     class Uploader
       CAPACITY = 3
       BACKOFF = 1.0
       MAX_BACKOFF = 60.0
+      QUIET = 60.0
 
       # A window's profile: gzipped pprof, its span (Times) and rate.
       Window = Struct.new(:body, :from, :till, :rate)
 
-      # Counts, read by Continuous#stats.
+      # Counts, read by Continuous#stats (without the lock: a trap handler
+      # may ask).
       attr_reader :uploaded, :dropped, :rejected, :failures, :bytes, :last_error
 
       # target: something with upload(body, from, till, rate) -> Outcome
-      # (Pyroscope); cpu: a proc adding CPU seconds to Strobe's cost.
+      # (Pyroscope); note: a proc writing a line; cpu: a proc adding CPU
+      # seconds to Strobe's cost.
       def initialize(target, note:, cpu:)
         @target = target
         @note = note
@@ -37,22 +42,24 @@ module Strobe
         @uploaded = @dropped = @rejected = @failures = @bytes = 0
         @streak = 0
         @last_error = nil
+        @said = { failing: -Float::INFINITY, working: -Float::INFINITY }
+        @failure_said = false
         @thread = Thread.new { run }
         @thread.name = "strobe continuous upload"
       end
 
       # Windows waiting, the one being sent among them.
       def queued
-        @lock.synchronize { @queue.size }
+        @queue.size
       end
 
-      # Queues a window; drops the oldest waiting when CAPACITY are.
+      # Queues a window; drops the oldest not being sent when CAPACITY wait.
       def push(window)
         @lock.synchronize do
           return if @closed
 
           if @queue.size >= CAPACITY
-            @queue.delete_at(@sending ? 1 : 0) # (not the one being sent)
+            @queue.delete_at(@sending ? 1 : 0)
             @dropped += 1
           end
           @queue << window
@@ -62,19 +69,22 @@ module Strobe
 
       # Sends what waits until it is sent or the deadline (a monotonic
       # time) passes, then ends the thread; windows left are dropped and
-      # counted. Returns whether everything was sent.
+      # counted. A store failing now is not waited for: what waits is
+      # dropped at once. Returns whether everything was sent. Again, it
+      # only waits for the thread to end.
       def close(deadline)
         @lock.synchronize do
           @closed = true
+          deadline = Continuous.now if @streak.positive?
           @changed.broadcast
         end
-        left = deadline - Continuous.now
-        @thread.join([left, 0].max)
+        @thread.join([deadline - Continuous.now, 0].max)
+        @thread.kill
+        @thread.join(1)
         @lock.synchronize do
-          done = @queue.empty? && !@sending
+          done = @queue.empty?
           @dropped += @queue.size # (the one being sent among them)
           @queue.clear
-          @thread.kill unless done
           done
         end
       end
@@ -88,7 +98,8 @@ module Strobe
           started = thread_cpu
           outcome = @target.upload(window.body, window.from, window.till, window.rate)
           @cpu.call(thread_cpu - started)
-          pause = settle(window, outcome)
+          pause, line = settle(window, outcome)
+          @note.call(line) if line
         end
       rescue StandardError => e
         @note.call("the upload thread failed: #{e.class}: #{e.message}")
@@ -106,7 +117,7 @@ module Strobe
             end
           end
           @changed.wait(@lock) while @queue.empty? && !@closed
-          return nil if @queue.empty?
+          return nil if @queue.empty? || (@closed && @streak.positive?)
 
           @sending = true
           @queue.first
@@ -114,30 +125,41 @@ module Strobe
       end
 
       # Counts what became of window; returns the pause before the next
-      # attempt (nil: none).
+      # attempt (nil: none) and a line to say (nil: none).
       def settle(window, outcome)
         @lock.synchronize do
           if outcome.ok
             @queue.delete(window)
             @uploaded += 1
             @bytes += window.body.bytesize
-            @note.call("uploads work again (#{@dropped} windows dropped so far)") if @streak.positive?
+            line = "uploads work again (#{@dropped} windows dropped so far)" if @streak.positive? && said(:working)
             @streak = 0
-            return nil
+            return [nil, line]
           end
 
           @failures += 1
           @last_error = outcome.message
-          @note.call("could not upload a profile: #{outcome.message}#{' (sending it again later)' if outcome.retry}") if @streak.zero?
           @streak += 1
+          line = "could not upload a profile: #{outcome.message}#{' (sending it again later)' if outcome.retry}" if said(:failing)
           if outcome.retry && !@closed
-            backoff
+            [backoff, line]
           else
             @queue.delete(window)
             outcome.retry ? @dropped += 1 : @rejected += 1
-            nil
+            [nil, line]
           end
         end
+      end
+
+      # Whether a line of kind may be said now (at most one every QUIET
+      # seconds; a recovery only after a failure was said).
+      def said(kind)
+        return false if kind == :working && !@failure_said
+        return false if Continuous.now - @said[kind] < QUIET
+
+        @said[kind] = Continuous.now
+        @failure_said = kind == :failing
+        true
       end
 
       # The pause after the streak's failures: doubling, capped, and
