@@ -16,7 +16,16 @@
 #
 #   ruby -Ilib bench/continuous.rb
 #
-# Settings: BENCH_ROUNDS (3), BENCH_SECONDS (40: at least two windows).
+# Then, unless BENCH_GOVERN=0, one program under Strobe::Continuous at its
+# defaults for BENCH_GOVERN seconds (240), printing each window's interval
+# and Strobe's own measure of what it cost (handler, timer thread, its
+# window and upload threads, by their CPU clocks): where the governor
+# settles. This VM's noise (the same work's CPU time varies by several
+# per cent between runs) is printed too: an A/B difference within it says
+# nothing, the governor's figure is the precise one.
+#
+# Settings: BENCH_ROUNDS (3), BENCH_SECONDS (40: at least two windows),
+# BENCH_GOVERN (240).
 
 require_relative "bench_helper"
 require "json"
@@ -26,6 +35,7 @@ require "rbconfig"
 module ContinuousBench
   ROUNDS = Bench.env_int("BENCH_ROUNDS", 3)
   SECONDS = Bench.env_float("BENCH_SECONDS", 40)
+  GOVERN = Bench.env_float("BENCH_GOVERN", 240)
   VERNIER = begin
     require "vernier"
     true
@@ -83,6 +93,25 @@ module ContinuousBench
     puts JSON.generate(extra.merge(cpu: cpu))
   end
 
+  # In the child: continuous profiling at its defaults for `seconds` of
+  # work; a line per window.
+  def govern(seconds, url)
+    require "strobe/continuous"
+    workload = Bench::Workload.new
+    Strobe::Continuous.start(url: url, service_name: "bench") or abort "not started"
+    start = Bench.now
+    seen = 0
+    while Bench.now - start < seconds
+      workload.run(200)
+      stats = Strobe::Continuous.stats
+      next unless stats[:windows] > seen
+
+      seen = stats[:windows]
+      puts JSON.generate(at: (Bench.now - start).round, interval: stats[:interval], overhead: stats[:overhead])
+    end
+    Strobe::Continuous.stop
+  end
+
   def run
     Bench.header("Continuous profiling overhead (#{SECONDS} s of work, #{ROUNDS} rounds)")
     units = Bench::Workload.new.calibrate(SECONDS)
@@ -115,11 +144,34 @@ module ContinuousBench
     theirs = Bench.median(cpu[:stackprof]) / base - 1
     puts "Strobe::Continuous / stackprof overhead: #{Bench.ratio(overhead, theirs)}"
     puts "vernier: not measured (needs its gem on Ruby 3.2.1+)" unless VERNIER
+    low, high = cpu[:none].minmax
+    puts format("Noise: the unprofiled runs took %.2f to %.2f s (%.1f %% apart)", low, high, (high / low - 1) * 100)
+    govern_report(url) if GOVERN.positive?
+  end
+
+  def govern_report(url)
+    Bench.header("The governor at its defaults (target 1 % of one CPU), #{GOVERN.round} s")
+    lines = []
+    IO.popen([RbConfig.ruby, "-I#{File.expand_path('../lib', __dir__)}", __FILE__, "--govern", GOVERN.to_s, url]) do |io|
+      io.each_line do |line|
+        window = JSON.parse(line, symbolize_names: true)
+        lines << window
+        printf("  at %4d s: interval %6d us, Strobe's cost in the window before %.2f %% of one CPU\n",
+               window[:at], window[:interval], window[:overhead].to_f * 100)
+      end
+    end
+    last = lines.last(3)
+    return if last.empty?
+
+    printf("Settled (last %d windows): interval %d us (%.0f Hz), cost %.2f %% of one CPU\n", last.size,
+           last.last[:interval], 1e6 / last.last[:interval], last.sum { |w| w[:overhead].to_f } / last.size * 100)
   end
 end
 
 if ARGV.first == "--child"
   ContinuousBench.child(ARGV[1], Integer(ARGV[2]), ARGV[3])
+elsif ARGV.first == "--govern"
+  ContinuousBench.govern(Float(ARGV[1]), ARGV[2])
 else
   ContinuousBench.run
 end
