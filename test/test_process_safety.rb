@@ -64,6 +64,9 @@ class TestProcessSafety < Minitest::Test
       #{BUSY}
       def child_work = busy(0.6)
       Strobe.start(mode: :cpu, raw: true)
+      # (Under ASan, a fork while the timer thread just started is still
+      # inside ASan's thread setup leaves its allocator locked in the child.)
+      busy(0.1)
       pid = fork do
         starter = Thread.new { Strobe.start(mode: :cpu, interval: 1000, raw: true) }
         starter.join
