@@ -35,12 +35,18 @@ module Strobe
     attr_reader :mode, :interval, :raw, :aggregate, :ignore_gc, :metadata, :out, :format, :on_result, :threads, :timer,
                 :scheduler, :clock, :exclude, :native
 
+    # Raises ArgumentError naming every key of opts that is not in keys
+    # (and the known ones).
+    def self.check_known(opts, keys)
+      unknown = opts.keys - keys
+      return if unknown.empty?
+
+      raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')} " \
+                           "(known: #{keys.join(', ')})"
+    end
+
     def initialize(opts)
-      unknown = opts.keys - KEYS
-      unless unknown.empty?
-        raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')} " \
-                             "(known: #{KEYS.join(', ')})"
-      end
+      Options.check_known(opts, KEYS)
 
       @mode = parse_mode(opts.fetch(:mode, :wall))
       check_trace_options(opts)

@@ -48,11 +48,7 @@ module Strobe
                   :ca_file, :timeout, :flush_timeout, :spy_name, :err
 
       def initialize(opts)
-        unknown = opts.keys - KEYS
-        unless unknown.empty?
-          raise ArgumentError, "unknown option#{'s' if unknown.size > 1}: #{unknown.map(&:inspect).join(', ')} " \
-                               "(known: #{KEYS.join(', ')})"
-        end
+        Options.check_known(opts, KEYS)
 
         @url = parse_url(opts[:url])
         @service_name = parse_service(opts.fetch(:service_name) { raise ArgumentError, "service_name: is required" })
