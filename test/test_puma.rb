@@ -55,19 +55,24 @@ class TestPuma < Minitest::Test
 
   # Continuous profiling in a preloading cluster: each worker uploads its
   # own windows, labelled with its own pid, whose request samples carry
-  # their endpoint.
+  # their endpoint. (A worker's session starts a second after its fork:
+  # requests go on until every worker has uploaded such a window.)
   def test_each_cluster_worker_pushes_its_own_continuous_profile
     receiver = PyroscopeReceiver.new
-    with_served_cluster("--preload", env: { "CONTINUOUS_URL" => receiver.url }) do |_dir, served, master|
-      uploads = receiver.all_uploads.group_by { |u| Integer(u.labels["pid"]) }
-      served.each_key do |pid|
-        assert uploads[pid], "worker #{pid} uploads its own windows (from #{uploads.keys}, master #{master})"
-        endpoints = uploads[pid].flat_map do |u|
-          ProtobufReader.profile(u.profile)[:samples].map { |s| s[:labels].to_h["endpoint"] }
+    retrying_shutdown_hang do |dir|
+      with_puma(dir, APP, "-w", "2", "-t", "2:2", "--preload", env: { "CONTINUOUS_URL" => receiver.url }) do |port, master|
+        workers = requests_per_worker(port, workers: 2, each: 1).keys
+        labelled = lambda do
+          receiver.all_uploads.select { |u| workers.include?(Integer(u.labels["pid"])) }.select do |u|
+            ProtobufReader.profile(u.profile)[:samples].any? { |x| x[:labels].to_h["endpoint"] == "GET /" }
+          end.map { |u| Integer(u.labels["pid"]) }.uniq
         end
-        assert_includes endpoints, "GET /", "worker #{pid}'s request samples carry their endpoint"
+        wait_until(60, -> { "workers #{workers}, master #{master}, uploads from #{labelled.call}" }) do
+          get(port, "/")
+          labelled.call.sort == workers.sort
+        end
+        assert(receiver.all_uploads.all? { |u| u.app == "puma-app.cpu" })
       end
-      assert(receiver.all_uploads.all? { |u| u.app == "puma-app.cpu" })
     end
   ensure
     receiver&.stop
