@@ -622,7 +622,11 @@ class TestExports < Minitest::Test
     Dir.mktmpdir do |dir|
       { pprof: "p.pb.gz", firefox: "f.json", speedscope: "s.json" }.each do |format, name|
         path = File.join(dir, name)
-        assert_equal path, Strobe.run(mode: :wall, out: path, format: format) { sleep 0.02 }
+        # (Until a sample is taken, not for a set time: a loaded machine
+        # may take none in 20 ms.)
+        assert_equal path, Strobe.run(mode: :wall, out: path, format: format) {
+          wait_until(30) { Strobe.snapshot[:samples].positive? }
+        }
         bytes = File.binread(path)
         if format == :pprof
           prof = ProtobufReader.profile(gunzip(bytes))
