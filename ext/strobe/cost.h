@@ -1,8 +1,10 @@
 /*
  * cost.h - what sampling costs the program it samples, for the continuous
  * profiler's overhead governor (lib/strobe/continuous/governor.rb): the
- * time spent in the signal handler and in the postponed jobs (on the
- * program's threads), and the timer thread's CPU time.
+ * time spent in the signal handler taking samples (from the moment it
+ * knows it samples: a signal landing on a thread leaving Ruby calls
+ * nothing) and in the postponed jobs, on the program's threads; and the
+ * timer thread's CPU time.
  *
  * strobe_cost_since() and strobe_cost_now() are async-signal-safe (an
  * atomic add and clock_gettime on CLOCK_MONOTONIC, which the vDSO answers

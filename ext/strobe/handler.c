@@ -289,7 +289,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
 {
     (void)sig;
     int saved_errno = errno;
-    int64_t start = strobe_cost_now();
+    int64_t start = -1; /* (timed once a sample is taken: a signal on a thread leaving Ruby calls nothing) */
 
     if (!atomic_load(&strobe_sampler.running) || !atomic_load(&strobe_sampler.vm_alive)) goto out;
     int stale;
@@ -337,6 +337,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         goto out;
     }
     strobe_sigstack_leave_if_asked();
+    start = strobe_cost_now();
 
     if (strobe_sampler.defer_running && may_run_jit_code(t)) {
         /* Owe the sample to the next safe point. One still owed from the
@@ -358,9 +359,9 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     }
     count_handled(t);
     if (strobe_sampler.defer_running) t->handler_cpu_ns = strobe_clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    strobe_cost_since(start);
     strobe_guard_release(t);
 out:
-    strobe_cost_since(start);
     errno = saved_errno;
 }
 
