@@ -58,6 +58,14 @@ class TestPuma < Minitest::Test
   # their endpoint. (A worker's session starts a second after its fork:
   # requests go on until every worker has uploaded such a window.)
   def test_each_cluster_worker_pushes_its_own_continuous_profile
+    if ENV["LD_PRELOAD"].to_s.include?("libasan")
+      # GCC 12's libasan has no fork handlers for its allocator: a worker
+      # forked while a thread of the master is starting (Ruby starts one
+      # after each fork; Puma forks its workers back to back) hangs in its
+      # first allocation of that size (one worker of two never answered).
+      # test_continuous forks with the same session, spaced, under ASan.
+      skip "ASan's allocator is not fork-safe with threads starting in the parent"
+    end
     receiver = PyroscopeReceiver.new
     retrying_shutdown_hang do |dir|
       with_puma(dir, APP, "-w", "2", "-t", "2:2", "--preload", env: { "CONTINUOUS_URL" => receiver.url }) do |port, master|
