@@ -640,7 +640,10 @@ class TestMiddleware < Minitest::Test
     mw.save
     result = Timeout.timeout(10) { results.pop }
     page = result[:frames].values.find { |f| f[:name] == "TestMiddleware#page_work" }
-    assert_operator page&.fetch(:total_samples).to_i, :>=, 6, "about 12 expected"
+    # (About 12 on a quiet machine; a loaded one took 2 in CI on Ruby 3.3,
+    # so only that there are some is asserted: the accounting below is the
+    # property.)
+    assert_operator page&.fetch(:total_samples).to_i, :>, 0, "samples of requests shorter than the interval"
     # Every interval used is a sample or counted missed, but for fewer than
     # three owed at the end: what a request owes as it ends (the interval
     # the timer lags by, the rest) is carried into the next request.
