@@ -27,7 +27,8 @@ module Strobe
   module SQLShape
     # Bytes of a statement read at most: the rest is left out of its shape
     # (a literal cut there is hidden to its end like any unterminated one).
-    INPUT_LIMIT = 64 * 1024
+    # Markers keep 4,000 characters of it.
+    INPUT_LIMIT = 16 * 1024
     # What can be neither a literal, nor a quoted name, nor a comment.
     CODE = %r{[^'"`$/\-#]+}
     STANDARD_BODY = /(?>[^']+|'')*'?/
@@ -43,7 +44,7 @@ module Strobe
     # The ways a statement is read: PostgreSQL (and with
     # standard_conforming_strings off), SQLite, MySQL (and with
     # NO_BACKSLASH_ESCAPES).
-    Reading = Struct.new(:backslash, :nested, :hash)
+    Reading = Struct.new(:backslash, :nested, :pound)
     READINGS = [Reading.new(false, true, false), Reading.new(true, true, false), Reading.new(false, false, false),
                 Reading.new(true, false, true), Reading.new(false, false, true)].freeze
 
@@ -55,13 +56,23 @@ module Strobe
       sql = sql.encode(Encoding::UTF_8, invalid: :replace, undef: :replace) unless sql.encoding.ascii_compatible?
       sql = sql.byteslice(0, INPUT_LIMIT) if sql.bytesize > INPUT_LIMIT
       sql = sql.scrub("?") unless sql.valid_encoding?
-      build(sql, union(READINGS.flat_map { |reading| hidden(sql, reading) }))
+      build(sql, union(readings(sql).flat_map { |reading| hidden(sql, reading) }))
+    end
+
+    # The READINGS that read sql differently: without a backslash, with at
+    # most one "/*" or without "#" in it, the readings that differ only
+    # there agree (most statements are read once).
+    def readings(sql)
+      backslash = sql.include?("\\")
+      nested = !(first = sql.index("/*")).nil? && !sql.index("/*", first + 2).nil?
+      pound = sql.include?("#")
+      READINGS.map { |r| Reading.new(backslash && r.backslash, nested && r.nested, pound && r.pound) }.uniq
     end
 
     # What a Reading hides: [from, to, literal] byte ranges in order
     # (literal false for a comment). Its backslash: whether \ escapes in
     # '...' and "..." (it always does in E'...'); nested: whether /* */
-    # nest; hash: whether # starts a comment.
+    # nest; pound: whether # starts a comment.
     def hidden(sql, reading)
       backslash = reading.backslash
       s = StringScanner.new(sql)
@@ -88,7 +99,7 @@ module Strobe
         when "-"
           marks << [from, line_end(s), false] if s.skip(/-/)
         when "#"
-          marks << [from, line_end(s), false] if reading.hash && !s.match?(/[>-]/) # (PostgreSQL's #> #>> #-)
+          marks << [from, line_end(s), false] if reading.pound && !s.match?(/[>-]/) # (PostgreSQL's #> #>> #-)
         end
       end
       marks
