@@ -10,8 +10,9 @@ require "zlib"
 # /ingest; `name` is APP{k=v,...} (APP of [A-Za-z0-9_.\-/], label names of
 # [A-Za-z0-9_.], values up to "," or "}", a service_name label naming the
 # service); format=pprof takes the body as the profile, gzipped or not.
-# behaviour: :ok (200), :error (500 with Pyroscope's JSON error), :hang
-# (reads the request and never answers, until stopped).
+# behaviour: :ok (200), :error (500 with Pyroscope's JSON error),
+# :unauthorized (401), :hang (reads the request and never answers, until
+# stopped).
 class PyroscopeReceiver
   Upload = Struct.new(:path, :params, :app, :labels, :headers, :profile, :received_at)
 
@@ -96,6 +97,8 @@ class PyroscopeReceiver
       return
     when :error
       return reply(socket, 500, '{"code":"internal","message":"store unavailable"}')
+    when :unauthorized
+      return reply(socket, 401, '{"code":"unauthenticated","message":"invalid credentials"}')
     end
     return reply(socket, 405, "") unless verb == "POST"
 

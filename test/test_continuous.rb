@@ -98,20 +98,30 @@ class TestContinuous < Minitest::Test
   end
 
   # Under Strobe::Continuous::Endpoints, samples taken while a request ran
-  # carry its endpoint.
+  # carry its endpoint: its route (a framework's, here as Sinatra sets it),
+  # never a path the client chose (issue 30, item 8).
   def test_requests_give_samples_their_endpoint
     receiver = PyroscopeReceiver.new
     work = <<~RUBY
       require "strobe/continuous/endpoints"
-      app = Strobe::Continuous::Endpoints.new(->(env) { fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 2; [200, {}, []] })
-      app.call("REQUEST_METHOD" => "GET", "PATH_INFO" => "/items/42")
+      app = Strobe::Continuous::Endpoints.new(lambda do |env|
+        env["sinatra.route"] = "GET /items/:id" if env["PATH_INFO"].start_with?("/items/")
+        s = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - s < 0.7
+        [200, {}, []]
+      end)
+      %w[/items/42 /reset_password/QwErTyUiOpAsDfGhJkL /users/jane.doe/medical-records].each do |path|
+        app.call("REQUEST_METHOD" => "GET", "PATH_INFO" => path)
+      end
     RUBY
     run_child(receiver.url, work: work)
     endpoints = Hash.new(0)
     receiver.all_uploads.each do |u|
       profile(u.profile)[:samples].each { |s| endpoints[s[:labels].to_h["endpoint"]] += s[:values].first }
     end
-    assert_operator endpoints["GET /items/:id"], :>, 0, "samples of the request: #{endpoints}"
+    assert_operator endpoints["GET /items/:id"], :>, 0, "samples of the routed request: #{endpoints}"
+    assert_operator endpoints["GET (unrouted)"], :>, 0, "samples of the others: #{endpoints}"
+    assert_equal ["GET (unrouted)", "GET /items/:id"], endpoints.keys.compact.sort, "no path as it came"
   ensure
     receiver&.stop
   end

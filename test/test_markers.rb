@@ -6,6 +6,7 @@ require "json"
 require "rack"
 require "rack/mock"
 require "strobe/middleware"
+require "strobe/continuous/endpoints"
 require "strobe/cli"
 require_relative "firefox_checks"
 
@@ -174,8 +175,10 @@ class TestMarkers < Minitest::Test
       env["PATH_INFO"] == "/a" ? endpoint_work_a(0.03) : endpoint_work_b(0.03)
       [200, {}, ["ok"]]
     end
+    # (The application names its endpoints: a path is none by default.)
     mw = Strobe::Middleware.new(inner, enabled: true, mode: :wall, interval: 1000, raw: true, save_every: false,
-                                       save_interval: false, save_at_exit: false, on_result: ->(r) { results << r })
+                                       save_interval: false, save_at_exit: false, on_result: ->(r) { results << r },
+                                       endpoint: ->(env) { "GET #{env['PATH_INFO']}" })
     %w[/a /b /a].map { |path| Thread.new { mw.call(Rack::MockRequest.env_for(path)) } }.each(&:join)
     mw.save
     result = Timeout.timeout(10) { results.pop }
@@ -286,13 +289,15 @@ class TestMarkers < Minitest::Test
     result = Timeout.timeout(10) { results.pop }
     requests = result[:markers].select { |m| m[:type] == :request }
     assert_equal ["GET /posts/1", "POST /posts", "GET /fail"], requests.map { |m| m[:name] }
-    assert_equal({ method: "GET", path: "/posts/1", status: 201, endpoint: "GET /posts/:id" }, requests[0][:data])
+    assert_equal({ method: "GET", path: "/posts/1", status: 201, endpoint: "GET (unrouted)" }, requests[0][:data])
     assert_nil requests[2][:data][:status], "the application raised"
     requests.each { |m| assert_includes result[:threads].keys, m[:thread] }
     assert_operator requests[0][:end] - requests[0][:start], :>=, 5000
   end
 
-  def test_a_rails_controller_names_the_endpoint
+  # An endpoint is the framework's route, never a path the client chose
+  # (issue 30, item 8): those paths were pprof labels as they came.
+  def test_endpoints_are_routes_never_paths
     controller = Class.new do
       def self.name = "PostsController"
       def action_name = "index"
@@ -300,20 +305,52 @@ class TestMarkers < Minitest::Test
     env = Rack::MockRequest.env_for("/posts")
     env["action_controller.instance"] = controller.new
     assert_equal "PostsController#index", Strobe::Middleware.endpoint(env)
-    assert_equal "GET /posts", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/posts?page=2"))
+    routed = Rack::MockRequest.env_for("/posts/5").merge("action_dispatch.route_uri_pattern" => "/posts/:id(.:format)")
+    assert_equal "GET /posts/:id(.:format)", Strobe::Middleware.endpoint(routed), "Rails 7.1+, a route to a Rack app"
+    sinatra = Rack::MockRequest.env_for("/users/jane.doe").merge("sinatra.route" => "GET /users/:name")
+    assert_equal "GET /users/:name", Strobe::Middleware.endpoint(sinatra)
+    route = Struct.new(:request_method, :path).new("POST", "/api/users/:id(.:format)")
+    grape = Rack::MockRequest.env_for("/api/users/7", method: "POST").merge("grape.routing_args" => { route_info: route })
+    assert_equal "POST /api/users/:id(.:format)", Strobe::Middleware.endpoint(grape)
+
     assert_equal "GET (not found)", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/wp-admin/setup.php"), 404),
                  "a path nothing served is no endpoint of its own"
     assert_equal "GET /", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("").merge("PATH_INFO" => ""))
-    # ids and tokens are not endpoints (nor labels a profile store keeps)
-    { "/posts/42/comments/7" => "/posts/:id/comments/:id", "/v2/users" => "/v2/users",
-      "/reset/9f8e7d6c5b4a39281706f5e4d3c2b1a0" => "/reset/:id", "/u/123e4567-e89b-12d3-a456-426614174000" => "/u/:id",
-      "/t/abcDEF123ghiJKL456" => "/t/:id", "/assets/app.css" => "/assets/app.css", "/a/" => "/a/",
-      "/t/k3J9xQ2mPz" => "/t/:id", "/users/alice@example.com" => "/users/:id.com", "/posts/42.json" => "/posts/:id.json",
-      "/x/%E2%9C%93" => "/x/:id" }.each do |path, shape|
-      assert_equal "GET #{shape}", Strobe::Middleware.endpoint(Rack::MockRequest.env_for(path)), path
+    %w[/reset_password/QwErTyUiOpAsDfGhJkL /users/jane.doe/medical-records /posts/42 /posts?page=2 /a/].each do |path|
+      assert_equal "GET (unrouted)", Strobe::Middleware.endpoint(Rack::MockRequest.env_for(path)), path
     end
-    routed = Rack::MockRequest.env_for("/posts/5").merge("action_dispatch.route_uri_pattern" => "/posts/:id(.:format)")
-    assert_equal "GET /posts/:id(.:format)", Strobe::Middleware.endpoint(routed)
+    assert_equal "OTHER (unrouted)", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/x", method: "QwErTyUiOp")),
+                 "a method is the client's too"
+
+    naming = ->(env) { env["PATH_INFO"] == "/health" ? "health check #{'x' * 200}" : nil }
+    assert_equal "health check #{'x' * 107}", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/health"), 200, naming),
+                 "the application's own name, cut to ENDPOINT_LIMIT"
+    assert_equal "GET (unrouted)", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/x"), 200, naming), "nil: the default"
+    assert_raises(ArgumentError) { Strobe::Middleware.new(->(_) {}, endpoint: "GET /x") }
+    assert_raises(ArgumentError) { Strobe::Continuous::Endpoints.new(->(_) {}, endpoint: 1) }
+  end
+
+  # However an application names them, a process has at most
+  # max_endpoints distinct endpoints: the rest are one, "(other)".
+  def test_endpoints_per_process_are_capped
+    assert_ruby_prints(<<~OUT, <<~RUBY)
+      200
+      ["GET (unrouted)", "e1", "e2", "(other)", "(other)", "e1", "GET (unrouted)"]
+      3
+    OUT
+      require "strobe/middleware"
+      puts Strobe::Middleware.max_endpoints
+      Strobe::Middleware.max_endpoints = 3
+      names = ["x", "e1", "e2", "e3", "e4", "e1", "x"].map do |name|
+        Strobe::Middleware.endpoint({ "REQUEST_METHOD" => "GET", "PATH_INFO" => "/p" }, 200, ->(_) { name == "x" ? nil : name })
+      end
+      p names
+      begin
+        Strobe::Middleware.max_endpoints = 0
+      rescue ArgumentError
+        puts Strobe::Middleware.max_endpoints
+      end
+    RUBY
   end
 
   def test_a_one_thread_result_keeps_that_threads_markers

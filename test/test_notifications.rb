@@ -137,17 +137,19 @@ class TestNotifications < Minitest::Test
     ], out, "once each while subscribed twice, then once, then not at all"
   end
 
-  # Literals go whichever way the database quotes them: standard strings,
-  # backslash escapes (MySQL), dollar quotes (PostgreSQL), and numbers of
-  # any form; names in double quotes stay.
+  # Literals go whichever way the database quotes them (test_sql_shape has
+  # the rest): where a backslash may or may not escape a quote, the shape
+  # hides all that either reading takes for a literal.
   def test_sql_keeps_its_shape_only
     {
-      %q{SELECT * FROM t WHERE path = 'C:\' AND token = 's3cr3t'} => "SELECT * FROM t WHERE path = ? AND token = ?",
-      %q{SELECT 'it\'s' FROM t WHERE a = .5 AND b = 0xDEAD AND c = $$x$$ AND d = $q$y$q$ AND t1.c = $1} =>
-        "SELECT ? FROM t WHERE a = ? AND b = ? AND c = ? AND d = ? AND t1.c = $1",
+      %q{SELECT * FROM t WHERE path = 'C:\' AND token = 's3cr3t'} => "SELECT * FROM t WHERE path = ?",
+      %q{SELECT 'it\'s' FROM t WHERE a = .5} => "SELECT ?",
+      %q{SELECT a FROM t WHERE a = .5 AND b = 0xDEAD AND c = $$x$$ AND d = $q$y$q$ AND t1.c = $1} =>
+        "SELECT a FROM t WHERE a = ? AND b = ? AND c = ? AND d = ? AND t1.c = $1",
       %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."id" = 42 AND x = 'a''b' LIMIT 10} =>
         %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."id" = ? AND x = ? LIMIT ?},
     }.each { |sql, shape| assert_equal shape, Strobe::Notifications.sql_shape(sql), sql }
+    assert_nil Strobe::Notifications.sql_shape(nil)
   end
 
   def test_sets_are_checked

@@ -10,6 +10,7 @@ require "pp"
 require "securerandom"
 require "zlib"
 require_relative "version"
+require_relative "redact"
 require_relative "options"
 require_relative "report"
 require_relative "merge"
@@ -113,17 +114,24 @@ module Strobe
 
       Native.allow_huge_pages if @own_process # for its large buffers (Native.allow_huge_pages says why)
 
+      name = shown_path(path)
       begin
-        return Download.new(path).open { |file| read_profile(file, path, marshal) } if Download.url?(path)
+        return Download.new(path).open { |file| read_profile(file, name, marshal) } if Download.url?(path)
 
-        read_profile(path, path, marshal)
+        read_profile(path, name, marshal)
       rescue DownloadError => e
-        error "cannot download #{path}: #{e.message}"
+        error "cannot download #{name}: #{e.message}"
         nil
       rescue Strobe::ProfileError, SystemCallError, ArgumentError => e
-        error "cannot read profile #{path}: #{load_failure_reason(e, path)}"
+        error "cannot read profile #{name}: #{load_failure_reason(e, name)}"
         nil
       end
+    end
+
+    # A profile's path or URL as messages show it: a URL without its user,
+    # password and query (Redact.url).
+    def shown_path(path)
+      Download.url?(path) ? Redact.url(path) : path
     end
 
     # The profile in file, called name in messages (a downloaded one, its

@@ -6,6 +6,7 @@
 
 require "socket"
 require "uri"
+require_relative "redact"
 require_relative "version"
 
 module Strobe
@@ -101,7 +102,7 @@ module Strobe
 
       uri
     rescue URI::InvalidURIError, ArgumentError => e
-      raise Error, "not a valid URL (#{e.message})"
+      raise Error, "not a valid URL (#{Redact.uri_error(e)})" # (its message quotes the URL)
     end
 
     # The request line and headers: Host first (the one given, else the
@@ -115,7 +116,7 @@ module Strobe
       host, fields = fields.partition { |name, _| name.casecmp?("host") }
       default_host = uri.port == uri.default_port ? uri.host : "#{uri.host}:#{uri.port}"
       fields.unshift(["Host", host.empty? ? default_host : host.last[1]])
-      fields << ["Authorization", basic_authorization(uri)] if uri.user && !given?(fields, "authorization")
+      fields << ["Authorization", HTTPClient.basic_authorization(uri)] if uri.user && !given?(fields, "authorization")
       fields << ["User-Agent", "strobe/#{VERSION}"] unless given?(fields, "user-agent")
       fields << %w[Connection close]
       fields << ["Content-Length", body.bytesize.to_s] if body
@@ -135,12 +136,6 @@ module Strobe
     # Whether fields has a header of that name (any case).
     def given?(fields, name)
       fields.any? { |given, _| given.casecmp?(name) }
-    end
-
-    # The Authorization of the URL's user and password (percent-decoded).
-    def basic_authorization(uri)
-      credentials = [uri.user, uri.password.to_s].map { |part| URI::DEFAULT_PARSER.unescape(part) }.join(":")
-      "Basic #{[credentials].pack('m0')}"
     end
 
     # A socket to the URL's host (TLS for https://), connected before the
@@ -208,6 +203,12 @@ module Strobe
     end
 
     class << self
+      # The Authorization of the URL's user and password (percent-decoded).
+      def basic_authorization(uri)
+        credentials = [uri.user, uri.password.to_s].map { |part| URI::DEFAULT_PARSER.unescape(part) }.join(":")
+        "Basic #{[credentials].pack('m0')}"
+      end
+
       # The reason without the call Ruby adds ("Connection refused", not
       # "Connection refused - connect(2) for ...").
       def system_reason(error)

@@ -2,6 +2,7 @@
 
 require "socket"
 require "io/wait"
+require_relative "redact"
 
 module Strobe
   # The HTTP core Strobe's servers share (Strobe::Serve, the profile for the
@@ -226,6 +227,12 @@ module Strobe
     rescue StandardError
       @server&.close
       raise
+    end
+
+    # Its name and port: not its token (a subclass's), nor the requests it
+    # holds.
+    def inspect
+      Redact.inspect(self, name: @name, port: @port)
     end
 
     # Starts the server threads; returns once they are excluded from

@@ -62,6 +62,9 @@ module Strobe
   #                 with threads: :requests, and every thread with :all;
   #                 requests that follow each other closely do not pay
   #                 for starting and stopping it each time
+  #   endpoint:     a proc given the env once the application answered,
+  #                 that names the request's endpoint (nil: as by default):
+  #                 see Middleware.endpoint
   #   notifications: ActiveSupport notifications recorded as markers of
   #                 the threads they happen on while profiled: sets of
   #                 Strobe::Notifications (:sql, :controller, :views,
@@ -91,7 +94,7 @@ module Strobe
   # middleware is built.
   class Middleware
     OPTIONS = %i[enabled threads mode interval raw native metadata format path save_every save_interval
-                 save_at_exit on_result permit notifications sample_rate idle_stop].freeze
+                 save_at_exit on_result permit notifications sample_rate idle_stop endpoint].freeze
     THREADS = %i[requests all].freeze
     # Threads a request starts inherit its scope by Fiber storage (3.2+).
     FIBER_STORAGE = Fiber.respond_to?(:[])
@@ -125,6 +128,7 @@ module Strobe
 
       @enabled = check_switch(:enabled, options.fetch(:enabled, !@sample_rate.nil?))
       @permit = check_proc(:permit, options[:permit])
+      @endpoint = check_proc(:endpoint, options[:endpoint])
       @on_result = check_proc(:on_result, options[:on_result])
       # Raw samples by default (not in :trace, which has none): the files
       # then make flamegraphs, timelines and every export.
@@ -179,40 +183,88 @@ module Strobe
     end
 
     # What a request is in reports (the request marker's endpoint, pprof's
-    # endpoint label): Rails' Controller#action where Rails served it, else
-    # its method and route, or its path's shape (see path_shape); a path
-    # nothing served (status 404, no route) is "METHOD (not found)", so
-    # that a scanner's thousand paths are one endpoint, not a thousand.
-    def self.endpoint(env, status = nil)
+    # endpoint label), never a text the client chose: the name naming (the
+    # endpoint: option, a proc given the env) gives it, if any; else the
+    # framework's route: Rails' Controller#action, or its route pattern
+    # (Rails 7.1+, a route to a Rack app), Sinatra's "METHOD /pattern",
+    # Grape's route; else "METHOD /" for the root path, "METHOD (not
+    # found)" for a 404 and "METHOD (unrouted)" for the rest (Roda and
+    # Hanami keep no route in the env: name theirs with endpoint:). A
+    # method other than the standard ones is OTHER. Cut to ENDPOINT_LIMIT
+    # characters; past max_endpoints distinct ones in the process, each new
+    # one is "(other)".
+    def self.endpoint(env, status = nil, naming = nil)
+      name = naming&.call(env)
+      name = route_name(env, status) if name.nil? || name.to_s.empty?
+      bounded_endpoint(name.to_s)
+    end
+
+    def self.route_name(env, status)
       controller = env["action_controller.instance"]
       return "#{controller.class.name}##{controller.action_name}" if controller.respond_to?(:action_name) && controller.class.name
 
+      method = METHODS.include?(env["REQUEST_METHOD"]) ? env["REQUEST_METHOD"] : "OTHER"
       route = env["action_dispatch.route_uri_pattern"] # Rails 7.1+, for a route to a Rack app
-      return "#{env['REQUEST_METHOD']} #{route}" if route.is_a?(String) && !route.empty?
-      return "#{env['REQUEST_METHOD']} (not found)" if status == 404
+      return "#{method} #{route}" if route.is_a?(String) && !route.empty?
 
-      "#{env['REQUEST_METHOD']} #{path_shape(request_path(env))}"
+      route = env["sinatra.route"] # "GET /users/:id"
+      return route if route.is_a?(String) && !route.empty?
+
+      route = grape_route(env)
+      return route if route
+      return "#{method} (not found)" if status == 404
+
+      ["/", ""].include?(env["PATH_INFO"].to_s) ? "#{method} /" : "#{method} (unrouted)"
     end
 
-    # A path's shape for an endpoint: segments that look like ids, tokens
-    # or people (numbers, hex, UUIDs, letters mixed with digits from 6
-    # characters on, strings of 20 or more, anything with "@" or "%"), their
-    # extension aside, as ":id", so that one route is one endpoint and no
-    # token becomes a profile label. (A request marker's name and path keep
-    # the path as it came.)
-    def self.path_shape(path)
-      return path unless path.match?(MAY_HOLD_ID) # (most paths, at a fraction of the cost)
+    # Grape's route: its method and path ("GET /api/users/:id(.:format)").
+    def self.grape_route(env)
+      args = env["grape.routing_args"] || env["rack.routing_args"]
+      route = args[:route_info] if args.is_a?(Hash)
+      return nil unless route.respond_to?(:path) && route.path.is_a?(String) && !route.path.empty?
 
-      path.split("/", -1).map do |segment|
-        stem, ext = segment.match(/\A(.+?)((?:\.[A-Za-z]\w{0,7})?)\z/)&.captures || [segment, ""]
-        id = stem.match?(/\A\d+\z/) || stem.match?(/\A\h{8,}\z/) || stem.match?(/[@%]/) || stem.length >= 20 ||
-             (stem.length >= 6 && stem.match?(/\d/) && stem.match?(/[A-Za-z]/))
-        id ? ":id#{ext}" : segment
-      end.join("/")
+      method = route.respond_to?(:request_method) ? route.request_method : env["REQUEST_METHOD"]
+      "#{method} #{route.path}"
     end
 
-    # Matches every path with a segment path_shape would take for an id.
-    MAY_HOLD_ID = %r{[\d@%]|\h{8}|[^/]{20}}
+    # The longest an endpoint is (characters), and how many distinct ones a
+    # process names (Middleware.max_endpoints=): each label value is a
+    # series in a profile store.
+    ENDPOINT_LIMIT = 120
+    DEFAULT_MAX_ENDPOINTS = 200
+    OTHER_ENDPOINT = "(other)"
+    @endpoints = {}
+    @endpoints_lock = Mutex.new
+    @max_endpoints = DEFAULT_MAX_ENDPOINTS
+
+    class << self
+      attr_reader :max_endpoints
+
+      # How many distinct endpoints this process names (default 200); a
+      # request to any other is "(other)".
+      def max_endpoints=(count)
+        raise ArgumentError, "max_endpoints must be a positive Integer, got #{count.inspect}" unless count.is_a?(Integer) && count.positive?
+
+        @max_endpoints = count
+      end
+
+      # name, cut to ENDPOINT_LIMIT, if it is one of the first
+      # max_endpoints this process named; else OTHER_ENDPOINT.
+      def bounded_endpoint(name)
+        name = Markers.utf8(name)
+        name = name[0, ENDPOINT_LIMIT] if name.length > ENDPOINT_LIMIT
+        @endpoints_lock.synchronize do
+          next name if @endpoints.key?(name)
+          next OTHER_ENDPOINT if @endpoints.size >= @max_endpoints
+
+          @endpoints[name.frozen? ? name : name.dup.freeze] = true
+          name
+        end
+      end
+    end
+
+    # The methods an endpoint names as they are.
+    METHODS = %w[GET HEAD POST PUT PATCH DELETE OPTIONS TRACE CONNECT].freeze
 
     def self.request_path(env)
       path = env["PATH_INFO"].to_s
@@ -440,15 +492,16 @@ module Strobe
     # application's call to its return: method, path, status (nil when the
     # application raised) and endpoint.
     def mark_request(env, since, response)
-      Middleware.mark_request(env, since, response)
+      Middleware.mark_request(env, since, response, @endpoint)
     rescue StandardError => e
       warn_once "could not mark the request: #{e.message}"
     end
 
     # Adds the request marker of env's request, from since (Native.now_us)
     # to now, to its thread's timeline (kept while the thread is sampled,
-    # whoever started the profile: Strobe::Continuous::Endpoints uses it).
-    def self.mark_request(env, since, response)
+    # whoever started the profile: Strobe::Continuous::Endpoints uses it);
+    # naming: the endpoint: option (see Middleware.endpoint).
+    def self.mark_request(env, since, response, naming = nil)
       method = env["REQUEST_METHOD"].to_s
       path = request_path(env)
       status = response.is_a?(Array) ? response[0].to_i : nil
@@ -457,7 +510,7 @@ module Strobe
       # without its generic pass over the data).
       method = Markers.utf8(method)
       path = Markers.utf8(path)
-      data = { method: method, path: path, status: status, endpoint: Markers.utf8(endpoint(env, status)) }
+      data = { method: method, path: path, status: status, endpoint: endpoint(env, status, naming) }
       Native.marker_add(:request, "#{method} #{path}", since, Native.now_us, data)
     end
 

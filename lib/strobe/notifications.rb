@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "markers"
+require_relative "sql_shape"
 
 module Strobe
   # ActiveSupport notifications as markers (opt-in, per event set): each
@@ -23,9 +24,10 @@ module Strobe
   # keys that name things (SAFE_KEYS), not its other texts (a mail's body,
   # addresses).
   #
-  # SQL is recorded in its shape: without bind values, and with its string
-  # and number literals as ? (adapters that inline values, such as mysql2
-  # and trilogy by default, would otherwise put them in the profile). Long
+  # SQL is recorded in its shape (SQLShape): without bind values, with its
+  # string and number literals as ? however the database quotes them, and
+  # without comments (adapters that inline values, such as mysql2 and
+  # trilogy by default, would otherwise put them in the profile). Long
   # texts are cut at TEXT_LIMIT characters. Subscriptions to an event are
   # shared: two middlewares asking for :sql record each query once.
   module Notifications
@@ -160,26 +162,10 @@ module Strobe
       end
     end
 
-    # String literals: standard ('' inside, no backslash escape: PostgreSQL,
-    # SQLite), or with backslash escapes (MySQL); dollar-quoted
-    # (PostgreSQL); numbers, hexadecimal ones and those starting with ".".
-    SQL_STANDARD_STRING = /[eEnNxXbB]?'(?:[^']|'')*'/m
-    SQL_ESCAPED_STRING = /[eEnNxXbB]?'(?:[^'\\]|\\.|'')*'/m
-    SQL_DOLLAR_STRING = /\$(\w*)\$.*?\$\1\$/m
-    SQL_NUMBER = /(?<![\w$:])-?(?:0x\h+|\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)(?![\w.])/i
-
-    # sql with its string and number literals as ?: its shape, without the
-    # values an adapter may have put in it. Read with the standard quoting
-    # first; where a quote is left over (a backslash escape ended a string
-    # early), with backslash escapes. MySQL's double-quoted strings are
-    # left alone: elsewhere "..." names a column.
+    # sql with its literals as ?: its shape, without the values an adapter
+    # may have put in it (see SQLShape).
     def sql_shape(sql)
-      return nil if sql.nil?
-
-      sql = sql.to_s.gsub(SQL_DOLLAR_STRING, "?")
-      shaped = sql.gsub(SQL_STANDARD_STRING, "?")
-      shaped = sql.gsub(SQL_ESCAPED_STRING, "?") if shaped.include?("'")
-      shaped.gsub(SQL_NUMBER, "?")
+      sql.nil? ? nil : SQLShape.shape(sql)
     end
 
     # The payload's values a marker can hold as they are: numbers, true,

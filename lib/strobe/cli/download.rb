@@ -63,7 +63,7 @@ module Strobe
         uri = begin
           URI.parse(@url)
         rescue URI::InvalidURIError => e
-          raise DownloadError, "not a valid URL (#{e.message})"
+          raise DownloadError, "not a valid URL (#{Redact.uri_error(e)})" # (its message quotes the URL)
         end
         raise DownloadError, "only http:// URLs can be downloaded" if uri.is_a?(URI::HTTPS) || !uri.is_a?(URI::HTTP)
         raise DownloadError, "the URL names no host" if uri.host.to_s.empty?

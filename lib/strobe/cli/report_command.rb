@@ -140,7 +140,7 @@ module Strobe
         # Each file loaded as the merge reaches it, and let go once merged.
         results = paths.lazy.map { |path| load_profile(path, marshal: marshal) || throw(:unreadable) }
         begin
-          result = catch(:unreadable) { Merge.results(results, paths) } || (return 1) # its one error line is printed
+          result = catch(:unreadable) { Merge.results(results, paths.map { |path| shown_path(path) }) } || (return 1) # its one error line is printed
           report = Report.new(result, thread: thread, endpoint: endpoint, **filters)
           write_report(out, stream) do |io|
             if walk
@@ -151,7 +151,7 @@ module Strobe
                                                             node_fraction: node_fraction)
           end
         rescue ArgumentError, Strobe::ProfileError => e
-          error "cannot report on #{paths.join(', ')}: #{e.message}"
+          error "cannot report on #{paths.map { |path| shown_path(path) }.join(', ')}: #{e.message}"
         end
       end
 

@@ -1,7 +1,9 @@
 # frozen_string_literal: true
 
 require "socket"
+require_relative "../http_client"
 require_relative "../options"
+require_relative "../redact"
 require_relative "../version"
 
 module Strobe
@@ -58,7 +60,7 @@ module Strobe
         @interval = parse_interval(opts[:interval])
         @upload_every = seconds(:upload_every, opts.fetch(:upload_every, DEFAULT_UPLOAD_EVERY), min: 1, max: 600)
         @overhead_target = parse_target(opts.fetch(:overhead_target, DEFAULT_OVERHEAD_TARGET))
-        @headers = auth_headers(opts[:basic_auth], opts[:bearer_token], opts[:tenant_id])
+        @headers = auth_headers(opts[:basic_auth], opts[:bearer_token], opts[:tenant_id], @url_authorization)
         @ca_file = opts[:ca_file]&.to_s
         raise ArgumentError, "ca_file #{@ca_file.inspect} is not a readable file" if @ca_file && !File.readable?(@ca_file)
 
@@ -67,6 +69,12 @@ module Strobe
         # (Pyroscope rewrites the function names of a "rbspy" profile.)
         @spy_name = opts.fetch(:spy_name, "strobe").to_s
         @err = opts.fetch(:err, $stderr)
+      end
+
+      # Without the url's user and password, the query, and the headers
+      # (which hold them, or a token).
+      def inspect
+        Redact.inspect(self, url: Redact.url(@url), service_name: @service_name, mode: @mode)
       end
 
       # The labels every window carries (Pyroscope series labels), the
@@ -85,18 +93,23 @@ module Strobe
         "unknown"
       end
 
+      # The URL as a URI without its user and password: those become the
+      # Authorization header (@url_authorization) unless basic_auth: or
+      # bearer_token: give one, and no message shows them.
       def parse_url(url)
         raise ArgumentError, "url: is required (the Pyroscope server, e.g. http://pyroscope:4040)" if url.nil?
 
-        require "uri"
         uri = URI.parse(url.to_s)
         unless uri.is_a?(URI::HTTP) && !uri.host.to_s.empty?
-          raise ArgumentError, "url must be an http:// or https:// URL of the Pyroscope server, got #{url.inspect}"
+          raise ArgumentError, "url must be an http:// or https:// URL of the Pyroscope server, got " \
+                               "#{Redact.url(url).inspect}"
         end
 
+        @url_authorization = HTTPClient.basic_authorization(uri) if uri.user
+        uri.user = nil # (and the password)
         uri
       rescue URI::InvalidURIError => e
-        raise ArgumentError, "url #{url.inspect} is not a valid URL (#{e.message})"
+        raise ArgumentError, "url #{Redact.url(url).inspect} is not a valid URL (#{Redact.uri_error(e)})"
       end
 
       def parse_service(value)
@@ -158,8 +171,9 @@ module Strobe
                              "or false, got #{value.inspect}"
       end
 
-      def auth_headers(basic, bearer, tenant)
+      def auth_headers(basic, bearer, tenant, from_url)
         headers = {}
+        headers["Authorization"] = from_url if from_url
         if basic
           unless basic.is_a?(Array) && basic.size == 2 && basic.all?(String)
             raise ArgumentError, "basic_auth must be [user, password], got #{basic.class}"

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../redact"
+
 module Strobe
   class Continuous
     # Continuous profiling set up by the environment, for autorun
@@ -36,7 +38,7 @@ module Strobe
         session = Continuous.start(**push_options, err: err)
         raise Busy, "continuous profiling runs already" unless session
 
-        "profiling continuously to #{url} as #{session.config.service_name}"
+        "profiling continuously to #{Redact.url(session.config.url)} as #{session.config.service_name}"
       end
 
       private

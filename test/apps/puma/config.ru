@@ -48,7 +48,9 @@ if ENV["CONTINUOUS_URL"]
 elsif ENV["PER_REQUEST"]
   require "active_support"
   require "active_support/notifications"
-  use Strobe::Middleware, permit: ->(env) { env["REMOTE_ADDR"] == "127.0.0.1" }, notifications: %i[sql controller]
+  # (The app routes /posts itself: it names that endpoint.)
+  use Strobe::Middleware, permit: ->(env) { env["REMOTE_ADDR"] == "127.0.0.1" }, notifications: %i[sql controller],
+                          endpoint: ->(env) { "GET /posts" if env["PATH_INFO"] == "/posts" }
   run lambda { |env|
     env["PATH_INFO"] == "/posts" ? PumaApp.posts : PumaApp.worker_work
     [200, { "content-type" => "text/plain" }, [Process.pid.to_s]]
