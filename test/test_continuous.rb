@@ -200,6 +200,41 @@ class TestContinuous < Minitest::Test
     receiver&.stop
   end
 
+  # Issue 30: Process.daemon forks without Process._fork; the daemon keeps
+  # profiling, as its own process.
+  def test_a_daemonized_process_keeps_its_session
+    receiver = PyroscopeReceiver.new
+    Dir.mktmpdir do |dir|
+      code = <<~RUBY
+        require "strobe/continuous"
+        require "json"
+        def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+        $stdout.reopen(File.join(#{dir.inspect}, "out"), "w")
+        $stderr.reopen(File.join(#{dir.inspect}, "err"), "w")
+        Strobe::Continuous.start(url: #{receiver.url.inspect}, service_name: "daemon", upload_every: 1,
+                                 overhead_target: false)
+        Process.daemon(true, true)
+        t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 3
+        stats = Strobe::Continuous.stop
+        File.write(File.join(#{dir.inspect}, "done.tmp"), JSON.generate(pid: Process.pid, stats: stats))
+        File.rename(File.join(#{dir.inspect}, "done.tmp"), File.join(#{dir.inspect}, "done"))
+      RUBY
+      _, err, status = run_ruby(code, timeout: 30)
+      assert status.success?, err
+      done = File.join(dir, "done")
+      wait_until(60, -> { File.read(File.join(dir, "err")) }) { File.exist?(done) }
+      daemon = JSON.parse(File.read(done), symbolize_names: true)
+      from_daemon = receiver.all_uploads.select { |u| u.labels["pid"] == daemon[:pid].to_s }
+      refute_empty from_daemon, "uploads from the daemon (#{daemon[:pid]}): #{daemon}"
+      assert(from_daemon.all? { |u| samples_of(u).positive? })
+      assert_equal from_daemon.size, daemon[:stats][:uploaded]
+      assert_empty File.read(File.join(dir, "err"))
+    end
+  ensure
+    receiver&.stop
+  end
+
   def test_autorun_pushes_from_the_environment
     receiver = PyroscopeReceiver.new
     env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_CONTINUOUS_URL" => receiver.url,
