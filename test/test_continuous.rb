@@ -210,6 +210,43 @@ class TestContinuous < Minitest::Test
     receiver&.stop
   end
 
+  # Issue 30: Process.daemon forks without Process._fork; the daemon keeps
+  # profiling, as its own process.
+  def test_a_daemonized_process_keeps_its_session
+    receiver = PyroscopeReceiver.new
+    gap = ENV["LD_PRELOAD"].to_s.include?("libasan") ? 0.5 : 0 # (as in the forked workers' test)
+    Dir.mktmpdir do |dir|
+      code = <<~RUBY
+        require "strobe/continuous"
+        require "json"
+        def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+        $stdout.reopen(File.join(#{dir.inspect}, "out"), "w")
+        $stderr.reopen(File.join(#{dir.inspect}, "err"), "w")
+        Strobe::Continuous.start(url: #{receiver.url.inspect}, service_name: "daemon", upload_every: 1,
+                                 overhead_target: false)
+        sleep #{gap}
+        Process.daemon(true, true)
+        t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 3
+        stats = Strobe::Continuous.stop
+        File.write(File.join(#{dir.inspect}, "done.tmp"), JSON.generate(pid: Process.pid, stats: stats))
+        File.rename(File.join(#{dir.inspect}, "done.tmp"), File.join(#{dir.inspect}, "done"))
+      RUBY
+      _, err, status = run_ruby(code, timeout: 30)
+      assert status.success?, err
+      done = File.join(dir, "done")
+      wait_until(60, -> { File.read(File.join(dir, "err")) }) { File.exist?(done) }
+      daemon = JSON.parse(File.read(done), symbolize_names: true)
+      from_daemon = receiver.all_uploads.select { |u| u.labels["pid"] == daemon[:pid].to_s }
+      refute_empty from_daemon, "uploads from the daemon (#{daemon[:pid]}): #{daemon}"
+      assert(from_daemon.all? { |u| samples_of(u).positive? })
+      assert_equal from_daemon.size, daemon[:stats][:uploaded]
+      assert_empty File.read(File.join(dir, "err"))
+    end
+  ensure
+    receiver&.stop
+  end
+
   def test_autorun_pushes_from_the_environment
     receiver = PyroscopeReceiver.new
     env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_CONTINUOUS_URL" => receiver.url,
@@ -377,6 +414,103 @@ class TestContinuous < Minitest::Test
     _, err = run_child(receiver.url, work: work)
     assert_match(/in trap: \d+ Hash/, err)
     refute_match(/ThreadError/, err)
+  ensure
+    receiver&.stop
+  end
+
+  # Issue 30: a TERM whose trap asks stats and stop, landing at each point
+  # of start, of stop and of a window cut. A TracePoint holds the thread at
+  # the point until the trap has begun (on the main thread the trap runs
+  # inside the hold), so the signal lands there every run. Point: [event,
+  # class, method, what the program does, what the trap(s) return, whether
+  # a session runs afterwards]. Each in a child of its own, bounded: a trap
+  # that waits on what the code it interrupted holds never returns.
+  TRAP_POINTS = {
+    "start, before its lock" =>
+      [:return, "Strobe::Continuous::Config", :initialize, :start, [%w[NilClass NilClass]], true],
+    "start, the profile not started yet" =>
+      [:call, "Strobe.singleton_class", :start, :start, [%w[NilClass NilClass]], false],
+    "start, the profile started, no thread yet" =>
+      [:return, "Strobe.singleton_class", :start, :start, [%w[NilClass NilClass]], false],
+    "start, the upload thread starting" =>
+      [:call, "Strobe::Continuous::Uploader", :initialize, :start, [%w[NilClass NilClass]], false],
+    "start, the session started, not yet recorded" =>
+      [:return, "Strobe::Continuous", :start, :start, [%w[NilClass NilClass]], false],
+    "a window cut" =>
+      [:call, "Strobe.singleton_class", :snapshot, :run, [%w[Hash Hash]], false],
+    "stop, on the thread that stops" =>
+      [:call, "Strobe::Continuous", :stop, :stop, [%w[NilClass Hash]], false],
+    "stop from a trap, a second signal then" =>
+      [:call, "Strobe::Continuous", :stop, :signal, [%w[Hash Hash], %w[NilClass NilClass]], false],
+    # The trap raises after stop (as `exit` does): start ends half way.
+    "start, the profile started, a trap that raises" =>
+      [:return, "Strobe.singleton_class", :start, :raise, [%w[NilClass NilClass]], false]
+  }.freeze
+
+  def trap_program(url, point)
+    event, owner, method, program, traps, runs = TRAP_POINTS.fetch(point)
+    <<~RUBY
+      require "strobe/continuous"
+      require "json"
+      def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      def wait_for(seconds)
+        deadline = now + seconds
+        sleep 0.01 until yield || now > deadline
+      end
+      entered = 0
+      in_trap = []
+      trap("TERM") do
+        entered += 1
+        in_trap << [Strobe::Continuous.stats.class.name, Strobe::Continuous.stop.class.name]
+        raise Interrupt if #{program == :raise}
+      rescue StandardError => e
+        in_trap << "\#{e.class}: \#{e.message}"
+      end
+      hit = false
+      point = TracePoint.new(#{event.inspect}) do |tp|
+        next if hit || tp.defined_class != #{owner} || tp.method_id != #{method.inspect}
+
+        hit = true
+        want = entered + 1
+        Process.kill(:TERM, Process.pid)
+        wait_for(10) { entered >= want } unless #{program == :signal}
+      end
+      point.enable
+      started = begin
+        Strobe::Continuous.start(url: #{url.inspect}, service_name: "boot", upload_every: 1)
+      rescue Interrupt => e
+        e
+      end
+      Process.kill(:TERM, Process.pid) if #{program == :signal}
+      Strobe::Continuous.stop if #{program == :stop}
+      wait_for(20) { in_trap.size >= #{traps.size} }
+      wait_for(20) do
+        !Strobe::Continuous.running? && !Strobe.running? &&
+          Thread.list.none? { |th| th.name.to_s.start_with?("strobe continuous") }
+      end unless #{runs}
+      point.disable
+      $stdout.puts JSON.generate(hit: hit, traps: in_trap, started: started.class.name,
+                                 running: Strobe::Continuous.running?, profiling: Strobe.running?,
+                                 threads: Thread.list.map(&:name).grep(/strobe continuous/).sort)
+      Strobe::Continuous.stop
+    RUBY
+  end
+
+  def test_stop_and_stats_from_a_trap_at_every_point_of_start_stop_and_a_cut
+    receiver = PyroscopeReceiver.new
+    problems = TRAP_POINTS.filter_map do |point, (*, traps, runs)|
+      out, err, status = run_ruby(trap_program(receiver.url, point), timeout: 40)
+      next "#{point}: the child failed: #{err[0, 300]}" unless status.success?
+
+      state = JSON.parse(out.lines.last, symbolize_names: true)
+      expected = { hit: true, traps: traps, started: point.include?("raises") ? "Interrupt" : "Strobe::Continuous",
+                   running: runs, profiling: runs,
+                   threads: runs ? ["strobe continuous", "strobe continuous upload"] : [] }
+      next "#{point}: #{state} (expected #{expected})" unless state == expected && !err.match?(/ThreadError/)
+    rescue Minitest::Assertion => e # (the child killed at its timeout)
+      "#{point}: the trap never returned: #{e.message[/did not finish within \d+s/]}"
+    end
+    assert problems.empty?, problems.join("\n")
   ensure
     receiver&.stop
   end

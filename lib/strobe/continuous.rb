@@ -31,7 +31,8 @@ module Strobe
   # Strobe's own and uploaded on another (Uploader: bounded, dropped and
   # counted when the store is slow or down, retried with backoff); nothing
   # it raises reaches the program's threads (problems are one line on
-  # stderr); a forked child (a Puma worker) starts its own; at exit the
+  # stderr); a forked child (a Puma worker) or a daemon starts its own;
+  # stop and stats are safe in a trap handler at any point; at exit the
   # last window is sent within flush_timeout:. The Governor holds Strobe's
   # measured cost (signal handler, timer thread, encoding, upload) near
   # overhead_target: by lengthening or shortening the interval; the rate in
@@ -50,12 +51,16 @@ module Strobe
     autoload :PullProfiler, File.expand_path("continuous/pull_profiler", __dir__)
 
     @lock = Mutex.new
-    @current = @starter = nil
+    @current = @starter = @stopper = nil
     @hooked = false
 
     # A forked child's session starts this long after the fork (seconds):
     # a child that execs or exits at once (fork { exec ... }) costs nothing.
     CHILD_DELAY = 1.0
+
+    # How long stop waits for the thread that stops the session beyond its
+    # flush_timeout: (the window and upload threads' last joins, 1 s each).
+    STOP_GRACE = 5.0
 
     class << self
       # Starts continuous profiling; returns the Continuous, or false when
@@ -68,15 +73,26 @@ module Strobe
           return false if @current&.running? || @starter&.alive?
 
           install_hooks
-          @current = new(config).start
+          launch(new(config))
         end
       end
 
       # Stops it: the last window is cut and sent (within flush_timeout:
-      # seconds). Returns its stats, or nil when none was running. Works
-      # from a trap handler too (the work is done on a thread).
+      # seconds). Returns its stats, or nil when none was running. The work
+      # is done on a thread of its own, which calls made meanwhile share,
+      # so it works from a trap handler at any point of the program. Never
+      # waits on what the caller may hold: from a trap handler that landed
+      # inside start (which holds the lock the stop needs), it returns nil
+      # at once, and the session stops as soon as start returns. Otherwise
+      # it waits at most flush_timeout: + STOP_GRACE seconds (then nil: the
+      # stop goes on).
       def stop
-        Thread.new { stop_session }.value
+        longest = (@current&.config&.flush_timeout || 0) + STOP_GRACE
+        stopper = @stopper if @stopper&.alive?
+        stopper ||= @stopper = Thread.new { stop_session }.tap { |thread| thread.name = "strobe continuous stop" }
+        return nil if @lock.owned?
+
+        stopper.join(longest)&.value
       end
 
       def running?
@@ -84,8 +100,10 @@ module Strobe
       end
 
       # The counts of the running session (see #stats); nil when none runs.
+      # A snapshot, read without a lock (a trap handler may ask).
       def stats
-        current&.stats
+        session = @current
+        session.stats if session&.pid == Process.pid
       end
 
       # Serves Go's pprof endpoints (/debug/pprof/profile?seconds=N) at
@@ -130,11 +148,26 @@ module Strobe
       private
 
       # The session of this process. A process made by a fork that bypassed
-      # Process._fork (Process.daemon, C code) finds its parent's session
-      # here, and starts its own.
+      # Process._fork and ForkHook (fork(2) in C code) finds its parent's
+      # session here, and starts its own.
       def current
         after_fork if @current && @current.pid != Process.pid && @current.running?(any_process: true)
         @current
+      end
+
+      # Starts session and records it. A start left by an exception
+      # (Busy, or one a trap handler raised, such as exit) stops what it
+      # had started and records nothing.
+      def launch(session)
+        started = false
+        @current = session.start
+        started = true
+        session
+      ensure
+        unless started
+          @current = nil if @current.equal?(session)
+          session.abandon
+        end
       end
 
       def stop_session
@@ -206,6 +239,14 @@ module Strobe
       stats
     end
 
+    # After a start left half way: what it had started stops, and nothing
+    # is sent.
+    def abandon
+      @stopping = true
+      @cutter&.kill
+      finish(Continuous.now)
+    end
+
     # {windows:, samples:, uploaded:, dropped:, rejected:, queued:,
     # failures:, bytes:, interval:, overhead:, last_error:}: windows cut
     # (with samples) and the samples in them; windows sent, dropped (the
@@ -222,9 +263,15 @@ module Strobe
     private
 
     def begin_sampling
+      # (The round this start makes, for abandon should an exception from a
+      # trap handler land in Strobe.start once the profile began.)
+      @round = Native.round + 1
       started = Strobe.start(mode: @config.mode, interval: @interval, raw: true,
                              metadata: { "service_name" => @config.service_name })
-      raise Busy, "another profile is running in this process" unless started
+      unless started
+        @round = nil
+        raise Busy, "another profile is running in this process"
+      end
 
       @round = Native.round
       @from = Time.now
@@ -267,7 +314,7 @@ module Strobe
     # window go nowhere), and the uploader sends what waits until deadline.
     def finish(deadline)
       Strobe.results if mine? && Native.stop_round(@round)
-      @uploader.close(deadline)
+      @uploader&.close(deadline)
     end
 
     # Takes the window sampled so far and queues its profile; returns

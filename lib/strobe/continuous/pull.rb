@@ -36,11 +36,12 @@ module Strobe
     # any other gets 401. Only GET is answered (405).
     #
     # Forked children close the listening socket as they start (Strobe::
-    # ForkHook: Kernel#fork, Process.fork, IO.popen("-")), so
-    # the port is free once this process ends. A child forked by other means
-    # (C code calling fork(2), Process.daemon) keeps its copy open; and any
-    # child keeps its copies of the connections being answered as it forked
-    # (their clients still get every byte: Content-Length says how many).
+    # ForkHook: Kernel#fork, Process.fork, IO.popen("-"), Process.daemon),
+    # so the port is free once this process ends (a daemon listens anew if
+    # it calls listen). A child forked by C code calling fork(2) keeps its
+    # copy open; and any child keeps its copies of the connections being
+    # answered as it forked (their clients still get every byte:
+    # Content-Length says how many).
     # Strobe's own fork handler (Native.close_in_children) is Serve's: it
     # takes one descriptor.
     class PullServer < HTTPServer
