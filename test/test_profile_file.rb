@@ -395,10 +395,9 @@ class TestProfileFile < Minitest::Test
   def test_devices_and_fifos_are_written_in_place
     fifo = File.join(@dir, "fifo")
     File.mkfifo(fifo)
-    reader = Thread.new { File.read(fifo) }
-    Strobe.save(profile, fifo)
+    data = read_fifo(fifo) { Strobe.save(profile, fifo) }
     assert File.pipe?(fifo), "still a FIFO"
-    assert_equal 30, Strobe::ProfileFile.parse(reader.value, fifo)[:samples]
+    assert_equal 30, Strobe::ProfileFile.parse(data, fifo)[:samples]
 
     # /dev/null through a link in a private directory (were the link
     # replaced, /dev/null itself would be safe).
@@ -416,6 +415,147 @@ class TestProfileFile < Minitest::Test
     Strobe.save(profile, planted)
     refute File.symlink?(planted), "a link anyone could have planted is replaced, not followed"
     assert_equal 30, Strobe.load(planted)[:samples]
+  end
+
+  # What the block writes to the FIFO at path, read by this process: its
+  # read end is open before the block runs (a writer that does not wait for
+  # a reader finds one), and a write end of its own keeps it from ending
+  # before the block is done.
+  def read_fifo(path)
+    File.open(path, File::RDONLY | File::NONBLOCK) do |fifo|
+      keep = File.open(path, File::WRONLY)
+      reader = Thread.new { fifo.read }
+      begin
+        yield
+      ensure
+        keep.close
+      end
+      reader.value
+    end
+  end
+
+  # Runs the block in a forked child: [:returned, its value] or [:raised,
+  # the error's class name, its message], or [:blocked] when it has not
+  # ended after `seconds` (the child is then killed). For writes that could
+  # wait for good on today's code.
+  def in_child(seconds = 10)
+    rd, wr = IO.pipe
+    pid = fork do
+      rd.close
+      outcome = begin
+        [:returned, yield]
+      rescue StandardError => e
+        [:raised, e.class.name, e.message]
+      end
+      wr.write(Marshal.dump(outcome))
+      exit!(0)
+    end
+    wr.close
+    return [:blocked] unless IO.select([rd], nil, nil, seconds)
+
+    Marshal.load(rd.read) # rubocop:disable Security/MarshalLoad (our own child's)
+  ensure
+    rd&.close
+    if pid && !Process.wait(pid, Process::WNOHANG)
+      Process.kill(:KILL, pid) # (blocked, or about to exit)
+      Process.wait(pid)
+    end
+  end
+
+  # A FIFO nobody reads is an error at once: the open does not wait for a
+  # reader (before, the save waited in open(2) for good).
+  def test_a_fifo_nobody_reads_is_an_error_not_a_wait
+    fifo = File.join(@dir, "fifo")
+    File.mkfifo(fifo)
+    result = profile
+    outcome = in_child { Strobe.save(result, fifo) }
+    assert_equal :raised, outcome[0], "the save #{outcome[0]}"
+    assert_equal "Strobe::AtomicFile::Unread", outcome[1]
+    assert_match(/#{Regexp.escape(fifo)}: a FIFO that no process is reading/, outcome[2])
+    assert File.pipe?(fifo), "left as it was"
+  end
+
+  # A directory anyone may write to, sticky as /tmp is, with a FIFO and a
+  # device in it that another user (nobody, uid 65534) put there.
+  def planted_specials
+    shared = File.join(@dir, "shared")
+    Dir.mkdir(shared)
+    File.chmod(0o1777, shared)
+    fifo = File.join(shared, "p.json")
+    File.mkfifo(fifo)
+    device = File.join(shared, "d.json")
+    system("mknod", device, "c", "1", "3", exception: true) # /dev/null's numbers
+    [fifo, device].each { |path| File.chown(65_534, 65_534, path) }
+    [shared, fifo, device]
+  end
+
+  # A FIFO or device another user planted in a shared directory (/tmp, a
+  # STROBE_OUT_DIR anyone may write to) is refused with one line, before it
+  # is opened: the save neither waits for a reader nor hands the profile
+  # to one (before, it did one or the other).
+  def test_a_special_file_planted_by_another_user_is_refused
+    skip "needs root, to give the files to another user" unless Process.euid.zero?
+
+    shared, fifo, device = planted_specials
+    result = profile
+    [fifo, device].each do |path|
+      outcome = in_child { Strobe.save(result, path) }
+      assert_equal :raised, outcome[0], "the save to #{path} #{outcome[0]}"
+      assert_equal "Strobe::AtomicFile::Refused", outcome[1]
+      kind = path == fifo ? "FIFO" : "character device"
+      assert_equal "Operation not permitted - #{path}: a #{kind} of uid 65534's in #{shared}, a directory " \
+                   "anyone can write to: not written (another user may have put it there)", outcome[2]
+    end
+    # The planter reading: nothing reaches it.
+    read = read_fifo(fifo) { assert_equal :raised, in_child { Strobe.save(result, fifo) }[0] }
+    assert_equal "", read
+    # Reached through a symlink of the operator's own: refused all the same.
+    link = File.join(@dir, "link.json")
+    File.symlink(fifo, link)
+    assert_raises(Strobe::AtomicFile::Refused) { Strobe.save(result, link) }
+    # One's own FIFO there is written.
+    File.chown(Process.euid, Process.egid, fifo)
+    assert_equal 30, Strobe::ProfileFile.parse(read_fifo(fifo) { Strobe.save(result, fifo) }, fifo)[:samples]
+    assert File.pipe?(fifo)
+  end
+
+  # The callers say so in one line: `strobe report -o` (exit status 1),
+  # and the save at exit of a process whose STROBE_OUT_DIR, shared, holds a
+  # FIFO of another user's at its predictable name (PID.json); neither waits.
+  def test_callers_refuse_a_planted_fifo_in_one_line
+    skip "needs root, to give the files to another user" unless Process.euid.zero?
+
+    require "strobe/cli"
+    shared, fifo, = planted_specials
+    saved = File.join(@dir, "p.json")
+    Strobe.save(profile, saved)
+    err = StringIO.new
+    outcome = in_child { [Strobe::CLI.new(["report", saved, "-o", fifo], out: StringIO.new, err: err).run, err.string] }
+    assert_equal [:returned, [1, "strobe: cannot write #{fifo}: a FIFO of uid 65534's in #{shared}, a directory " \
+                                 "anyone can write to: not written (another user may have put it there)\n"]], outcome
+
+    plant = "path = File.join(ENV['STROBE_OUT_DIR'], \"\#{Process.pid}.json\"); File.mkfifo(path); " \
+            "File.chown(65534, 65534, path)"
+    _, err, status = run_ruby(plant, env: { "RUBYOPT" => "-rstrobe/autorun", "STROBE_OUT_DIR" => shared })
+    assert status.success?, err
+    lines = err.lines.grep(/could not write/)
+    assert_equal 1, lines.size, err
+    assert_match(%r{\Astrobe: could not write the profile to #{Regexp.escape(shared)}/\d+\.json: a FIFO of uid 65534's in },
+                 lines[0])
+  end
+
+  # What an operator writes to on purpose still works: /dev/null, and a
+  # pipe of the process's own by its /dev/fd name.
+  def test_devices_and_pipes_of_ones_own
+    result = profile
+    assert_equal "/dev/null", Strobe.save(result, "/dev/null")
+    assert File.chardev?("/dev/null")
+    IO.pipe do |rd, wr|
+      reader = Thread.new { rd.read }
+      Strobe.save(result, "/dev/fd/#{wr.fileno}")
+      wr.close
+      assert_equal 30, Strobe::ProfileFile.parse(reader.value, "pipe")[:samples]
+    end
   end
 
   # Replaces AtomicFile.temp_path for the block with one returning names

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "fcntl"
 require "securerandom"
 
 module Strobe
@@ -29,8 +30,37 @@ module Strobe
   # in place instead: renaming over it would replace the device with a
   # regular file (as root, /dev/stdout itself). Through a symlink only if
   # the link's directory is not writable by everyone, where another user
-  # could have planted it. A block device is refused.
+  # could have planted it (such a link is replaced). Such a file is refused
+  # (Refused) when it belongs to neither this process's user nor root and
+  # lies in a directory anyone can write to (/tmp, /dev/shm): someone else
+  # may have put it there, to read the profile or to make the save wait for
+  # good. It is opened without waiting (O_NONBLOCK): a FIFO no process reads
+  # is an error (Unread), not a wait for a reader. Once open, it is written
+  # as any file descriptor is (blocking again): a reader of the operator's
+  # that stops reading holds the save, as with any pipe. A block device is
+  # refused.
   module AtomicFile
+    # A target not written, for a reason its message gives after the path
+    # (#reason: the reason alone, for callers that name the path already).
+    module TargetError
+      attr_reader :reason
+
+      def initialize(path, reason)
+        @reason = reason
+        super("#{path}: #{reason}")
+      end
+    end
+
+    # A device or FIFO someone else may have planted (see above).
+    class Refused < Errno::EPERM
+      include TargetError
+    end
+
+    # A FIFO without a reader, or a socket (which open(2) cannot open).
+    class Unread < Errno::ENXIO
+      include TargetError
+    end
+
     FLAGS = File::WRONLY | File::CREAT | File::EXCL | (defined?(File::NOFOLLOW) ? File::NOFOLLOW : 0)
     # Random names tried before giving up: one is taken only if someone
     # else created it, so running out means names are being planted.
@@ -45,7 +75,8 @@ module Strobe
     # String or anything with #to_path). Returns path as a String.
     def write(path, &block)
       path = path.respond_to?(:to_path) ? path.to_path : path.to_s
-      return write_in_place(path, &block) if special?(path)
+      stat = special(path)
+      return write_in_place(path, stat, &block) if stat
 
       file, temp = create(path)
       done = false
@@ -61,20 +92,70 @@ module Strobe
       path
     end
 
-    # Whether path is a device, FIFO or socket to write in place (see
-    # above); raises for a block device.
-    def special?(path)
+    # The File::Stat of the device, FIFO or socket path names, to be written
+    # in place (see above); nil for anything else. Raises for a block device,
+    # and Refused for a special file someone else may have planted.
+    def special(path)
       stat = File.stat(path) # through a symlink
       raise Errno::EINVAL, "#{path} is a block device" if stat.blockdev?
-      return false unless stat.chardev? || stat.pipe? || stat.socket?
+      return nil unless stat.chardev? || stat.pipe? || stat.socket?
+      return nil if File.symlink?(path) && shared_directory?(File.dirname(path)) # replaced, not followed
 
-      !File.symlink?(path) || !File.stat(File.dirname(path)).world_writable?
+      refuse_planted(path, stat)
+      stat
     rescue Errno::ENOENT, Errno::ENOTDIR, Errno::ELOOP, Errno::EACCES
+      nil
+    end
+
+    # Raises Refused if the special file stat (path's) belongs to neither
+    # this process's user nor root and lies in a directory anyone can write
+    # to. Where it lies: its real path's directory. A pipe or socket named
+    # through /proc (/dev/stdout, /dev/fd/N) has none, nor can anyone plant it.
+    def refuse_planted(path, stat)
+      return if stat.uid == Process.euid || stat.uid.zero?
+
+      dir = begin
+        File.dirname(File.realpath(path))
+      rescue SystemCallError
+        return
+      end
+      return unless shared_directory?(dir)
+
+      raise Refused.new(path, "a #{KINDS.fetch(stat.ftype, stat.ftype)} of uid #{stat.uid}'s in #{dir}, a directory " \
+                              "anyone can write to: not written (another user may have put it there)")
+    end
+
+    KINDS = { "fifo" => "FIFO", "characterSpecial" => "character device" }.freeze
+
+    def shared_directory?(dir)
+      File.stat(dir).world_writable?
+    rescue SystemCallError
       false
     end
 
-    def write_in_place(path)
-      File.open(path, File::WRONLY, binmode: true) { |file| yield file }
+    IN_PLACE = File::WRONLY | File::NONBLOCK | (defined?(File::NOCTTY) ? File::NOCTTY : 0)
+
+    # Opens the special file stat describes without waiting for a reader,
+    # checks that it is still that file, and yields it, blocking again.
+    def write_in_place(path, stat)
+      file = begin
+        File.new(path, IN_PLACE, binmode: true)
+      rescue Errno::ENXIO
+        raise unless stat.pipe? || stat.socket?
+
+        raise Unread.new(path, stat.pipe? ? "a FIFO that no process is reading" : "a socket, not a file to write")
+      end
+      begin
+        opened = file.stat
+        unless opened.dev == stat.dev && opened.ino == stat.ino
+          raise Refused.new(path, "replaced by another file while it was being opened: not written")
+        end
+
+        file.fcntl(Fcntl::F_SETFL, file.fcntl(Fcntl::F_GETFL) & ~File::NONBLOCK)
+        yield file
+      ensure
+        file.close
+      end
       path
     end
 

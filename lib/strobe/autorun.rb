@@ -229,7 +229,7 @@ module Strobe
       Strobe.stop
       Strobe.results(out)
     rescue StandardError => e
-      warn_line "could not write the profile to #{out}: #{e.message}"
+      warn_line "could not write the profile to #{out}: #{e.is_a?(AtomicFile::TargetError) ? e.reason : e.message}"
     end
 
     def present(name)

@@ -256,6 +256,8 @@ module Strobe
 
     # The reason without the path and the call Ruby adds ("... @ rb_sysopen - FILE").
     def system_reason(error)
+      return error.reason if error.is_a?(AtomicFile::TargetError)
+
       error.class < SystemCallError ? error.class.new.message : error.message
     end
 

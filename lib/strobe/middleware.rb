@@ -357,7 +357,10 @@ module Strobe
     rescue StandardError => e
       # Said once per reason and place: the message of a failed save names
       # its temporary file, a new one each time.
-      reason = e.is_a?(SystemCallError) ? e.class.new.message : e.message.lines.first.to_s.chomp
+      reason = if e.is_a?(AtomicFile::TargetError) then e.reason
+               elsif e.is_a?(SystemCallError) then e.class.new.message
+               else e.message.lines.first.to_s.chomp
+               end
       warn_once "could not save the profile in #{File.dirname(target || @path)}: #{reason}"
       nil
     end
