@@ -45,11 +45,14 @@ module Strobe
     # the profiled window.
 
     # Starts profiling. Returns false when already running. Raises
-    # ArgumentError for a bad option, leaving the profiler stopped.
+    # ArgumentError for a bad option, leaving the profiler stopped. A profile
+    # lent out (a middleware's between requests, see lend) is given back
+    # first: its holder saves it and steps aside.
     def start(**opts)
-      return false if running?
+      return false if running? && !lent?
 
       options = Options.new(opts)
+      return false unless take_back
       # Metadata of several start/stop rounds merges; the last out:, format:
       # and on_result: given win; the working directory is the first round's.
       settings = { metadata: (@pending[:metadata] || {}).merge(options.metadata),
@@ -67,6 +70,29 @@ module Strobe
                        options.threads_list, options.native_timer, options.native)
         end
       end
+    end
+
+    # Lends the profiler to holder while the profile of round (Native.round,
+    # running or stopped with its results not yet taken) is its own: a start
+    # by anyone calls holder.give_way first, which saves that profile and
+    # stops it unless the holder is using it (Strobe::Middleware: while no
+    # request it profiles is in flight). Holder's own start adds to it.
+    def lend(holder, round) # :nodoc:
+      @lent = [holder, round, Process.pid]
+    end
+
+    # Whether the profile is lent (see lend); false in a forked child.
+    def lent? # :nodoc:
+      holder, round, pid = @lent
+      !holder.nil? && pid == Process.pid && round == Native.round
+    end
+
+    # Has the holder of a lent profile give it back (holder.give_way);
+    # returns whether the profiler is free (not running) then.
+    def take_back # :nodoc:
+      holder, = @lent
+      holder.give_way if lent?
+      !running?
     end
 
     # A trace's rounds (start/stop until results) share one clock, one

@@ -450,6 +450,122 @@ class TestMiddleware < Minitest::Test
     assert Strobe.running?, "nor stopped by a request's end"
   end
 
+  # The paths of the requests marked in a result.
+  def request_paths(result)
+    (result[:markers] || []).select { |m| m[:type] == :request }.map { |m| m[:data][:path] }
+  end
+
+  # A middleware between requests (its profile running on for idle_stop:)
+  # lends the profiler: Strobe.run from other code takes it at once, the
+  # middleware's profile of its request saved first; the middleware's next
+  # request is profiled again once that profile has stopped.
+  def test_strobe_run_takes_the_profiler_from_an_idle_middleware
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_at_exit: false)
+    mw.call(Rack::MockRequest.env_for("/before?cpu=5"))
+    assert Strobe.running?, "running on after the request (idle_stop: 1 s)"
+    result = Strobe.run(mode: :custom) { Strobe.sample }
+    assert_equal [1, []], [result[:samples], request_paths(result)]
+    assert_equal 1, profiles.size, "the middleware saved its profile as it stepped aside"
+    assert_equal ["/before"], request_paths(Strobe.load(profiles.first))
+
+    assert Strobe.start(mode: :custom)
+    _, err = capture_io { mw.call(Rack::MockRequest.env_for("/during")) }
+    assert_match(/another profile is running/, err)
+    Strobe.stop
+    Strobe.results
+    mw.call(Rack::MockRequest.env_for("/after?cpu=5"))
+    assert Strobe.running?, "the middleware profiles again"
+    assert_equal ["/after"], request_paths(Strobe.load(mw.save))
+    assert_equal 2, profiles.size
+  end
+
+  # Once the idle stop has stopped the middleware's profile, its samples
+  # wait for the next save: a start from other code saves them, and does
+  # not add to them (they were in its result).
+  def test_a_start_after_the_idle_stop_takes_nothing_of_the_middlewares
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_at_exit: false,
+                                               idle_stop: 0.2)
+    mw.call(Rack::MockRequest.env_for("/before?cpu=5"))
+    wait_until(10, -> { "profiling still runs" }) { !Strobe.running? }
+    result = Strobe.run(mode: :custom) { Strobe.sample }
+    assert_equal [1, []], [result[:samples], request_paths(result)]
+    assert_equal [["/before"]], profiles.map { |file| request_paths(Strobe.load(file)) }
+    assert_nil mw.save, "nothing left to save"
+  end
+
+  # While a request it profiles is in flight the middleware keeps the
+  # profiler: Strobe.start is refused, Strobe.run raises.
+  def test_a_request_in_flight_keeps_the_profiler
+    entered = Queue.new
+    release = Queue.new
+    app = lambda do |_env|
+      entered << true
+      release.pop
+      [200, { "content-type" => "text/plain" }, ["ok"]]
+    end
+    mw = Strobe::Middleware.new(app, enabled: true, mode: :wall, path: "#{@dir}/", save_at_exit: false)
+    request = Thread.new { mw.call(Rack::MockRequest.env_for("/slow")) }
+    entered.pop
+    refute Strobe.start(mode: :custom)
+    error = assert_raises(Strobe::Error) { Strobe.run(mode: :custom) { nil } }
+    assert_equal "Strobe is already running", error.message
+    assert_empty profiles, "nothing saved"
+    release << true
+    request.join
+    assert Strobe.run(mode: :custom) { Strobe.sample }, "idle now: taken"
+    assert_equal [["/slow"]], profiles.map { |file| request_paths(Strobe.load(file)) }
+  ensure
+    release << true
+    request&.join
+  end
+
+  # Requests on three threads while this one takes the profiler again and
+  # again: each Strobe.run either gets it (the middleware idle) or is
+  # refused, none waits for good, no result holds a request, and no request
+  # is in two of the middleware's files.
+  def test_takeovers_race_requests
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_at_exit: false,
+                                               save_every: 7, idle_stop: 0.05)
+    done = false
+    served = Queue.new
+    requests = Array.new(3) do |t|
+      Thread.new do
+        i = 0
+        until done
+          mw.call(Rack::MockRequest.env_for("/#{t}/#{i += 1}?n=2000"))
+          served << true
+          sleep rand * 0.004
+        end
+      end
+    end
+    taken = refused = 0
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 60
+    count = 0
+    while taken < 20
+      flunk "#{taken} takeovers in 60 s (#{refused} refused)" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      next sleep(0.001) if served.empty? # (a request between two tries)
+
+      count += served.size.times.count { served.pop }
+      begin
+        result = Strobe.run(mode: :wall, interval: 1000) { 2000.times { |i| i.to_s } }
+        refute_nil result, "Strobe.run's result went elsewhere (a start came between its stop and its results)"
+        assert_empty request_paths(result), "a result of Strobe.run holds requests"
+        taken += 1
+      rescue Strobe::Error
+        refused += 1
+        Thread.pass
+      end
+    end
+    done = true
+    requests.each { |thread| assert thread.join(30), "a request thread did not finish" }
+    mw.save
+    paths = profiles.flat_map { |file| request_paths(Strobe.load(file)) }
+    assert_equal paths.uniq, paths, "requests in two files"
+    refute_empty paths, "#{count} requests, none profiled"
+  ensure
+    done = true
+  end
+
   # Two middlewares of one process take turns, each file with its own
   # requests: one that wants to start saves the other's profile first
   # (running on, or stopped and not saved yet).

@@ -37,6 +37,13 @@ static VALUE mStrobe, mNative, eStrobeError, gc_anchor;
  * running on between requests). */
 static unsigned long rounds;
 
+/* GVL held: set while Strobe.run (or StackProf.run) stops its profile and
+ * takes its results. Ruby code runs in between (Strobe.stopped, results),
+ * and a start from another thread there (a middleware's next request)
+ * would add to that profile and leave the run nothing: starts are refused
+ * meanwhile, as while it runs. */
+static int run_collecting;
+
 /* The Symbol for a C string literal. Result building asks for the same few
  * names per frame and per line, and rb_intern hashes the string each time,
  * so symbols are cached by the literal's address (GVL held; symbols from
@@ -118,7 +125,7 @@ static VALUE
 native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
              VALUE timer, VALUE native)
 {
-    if (running()) return Qfalse;
+    if (running() || run_collecting) return Qfalse;
     if (strobe_trace_active()) rb_raise(eStrobeError, "a trace is waiting for its results: call Strobe.results first");
     strobe_mode_t m = mode_from_sym(mode);
     long iv = NIL_P(interval) ? 0 : NUM2LONG(interval);
@@ -149,7 +156,7 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
 static VALUE
 native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns)
 {
-    if (running()) return Qfalse;
+    if (running() || run_collecting) return Qfalse;
     strobe_profile_drop_inherited();
     if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
     Check_Type(names, T_ARRAY);
@@ -232,6 +239,7 @@ static VALUE
 stop_after_block(VALUE unused)
 {
     (void)unused;
+    run_collecting = 1;
     if (running()) stop_any();
     return Qnil;
 }
@@ -269,6 +277,7 @@ static VALUE
 strobe_stop_after_block(VALUE unused)
 {
     (void)unused;
+    run_collecting = 1;
     strobe_stop(mStrobe);
     return Qnil;
 }
@@ -280,6 +289,31 @@ yield_block(VALUE unused)
     return rb_yield(Qundef);
 }
 
+/* Yields, stops and returns self.results: the bodies of Strobe.run and
+ * StackProf.run once started (nothing allocated: in :object mode it would
+ * be sampled). */
+static VALUE
+strobe_run_block(VALUE self)
+{
+    rb_ensure(yield_block, Qnil, strobe_stop_after_block, Qnil);
+    return rb_funcall(self, rb_intern("results"), 0);
+}
+
+static VALUE
+stackprof_run_block(VALUE self)
+{
+    rb_ensure(yield_block, Qnil, stop_after_block, Qnil);
+    return rb_funcall(self, rb_intern("results"), 0);
+}
+
+static VALUE
+end_collecting(VALUE unused)
+{
+    (void)unused;
+    run_collecting = 0;
+    return Qnil;
+}
+
 /* Strobe.run(**options) { ... } -> result (see lib/strobe.rb). */
 static VALUE
 strobe_run(int argc, VALUE *argv, VALUE self)
@@ -287,8 +321,7 @@ strobe_run(int argc, VALUE *argv, VALUE self)
     if (!rb_block_given_p()) rb_raise(rb_eArgError, "Strobe.run needs a block");
     if (!RTEST(rb_funcallv_kw(self, rb_intern("start"), argc, argv, rb_keyword_given_p())))
         rb_raise(eStrobeError, "Strobe is already running");
-    rb_ensure(yield_block, Qnil, strobe_stop_after_block, Qnil);
-    return rb_funcall(self, rb_intern("results"), 0);
+    return rb_ensure(strobe_run_block, self, end_collecting, Qnil);
 }
 
 /* StackProf.run(options) { ... }, as stackprof's: starts (or not, when
@@ -298,8 +331,7 @@ stackprof_run(int argc, VALUE *argv, VALUE self)
 {
     rb_need_block();
     rb_funcallv_kw(self, rb_intern("start"), argc, argv, rb_keyword_given_p());
-    rb_ensure(yield_block, Qnil, stop_after_block, Qnil);
-    return rb_funcall(self, rb_intern("results"), 0);
+    return rb_ensure(stackprof_run_block, self, end_collecting, Qnil);
 }
 
 /* Strobe::Native.define_stackprof(mod): run, stop, running? and sample on

@@ -87,6 +87,11 @@ module Strobe
   # is all turned off (and with no on_result) says so once, on stderr, as it
   # is built: its profile then grows until #save is called.
   #
+  # Between requests the profile is only lent: a Strobe.start from anyone
+  # else (Strobe.run, another middleware, the pull endpoint) has this
+  # middleware save it (give_way) and step aside, until that profile has
+  # stopped; while a profiled request is in flight, that start is refused.
+  #
   # Profiling never breaks a request: when Strobe cannot start (another
   # profile is running, the signal is taken), or saving fails, the request
   # is served as if there were no middleware and one line goes to stderr
@@ -103,12 +108,6 @@ module Strobe
     DEFAULT_SAVE_INTERVAL = 60 # seconds
     DEFAULT_IDLE_STOP = 1      # second
 
-    # The middleware whose requests Strobe's profile holds (running, or
-    # stopped and not saved yet); only one profile runs in a process.
-    @owner = nil
-    class << self
-      attr_accessor :owner # :nodoc:
-    end
     FLAMEGRAPH_PARAM = /(?:\A|&)strobe=1(?:&|\z)/
     FORMAT_PARAM = /(?:\A|&)strobe_format=([^&]*)/
     # What ?strobe=1&strobe_format=NAME answers with, beside the flamegraph:
@@ -294,21 +293,38 @@ module Strobe
       warn_once "profiling failed: #{e.message}"
     end
 
-    # Another middleware of this process wants to start: if no request of
+    # Someone else wants to start profiling (Strobe.start, another
+    # middleware, the pull endpoint...; see Strobe.lend): if no request of
     # this one is in flight, its profile (running on, or stopped and not
-    # yet saved) is saved now, so that neither holds the other's requests.
-    # Called with the other's lock held: nothing here takes another's.
+    # yet saved) is saved now, in the caller's thread, and the profiler is
+    # free; otherwise nothing changes and their start is refused. Called
+    # with another middleware's lock held, maybe: nothing here takes
+    # another's. Nothing in a trap handler (the signal toggle), where Ruby
+    # takes no lock, nor from this middleware's own start.
     def give_way
-      deliver(@lock.synchronize { take_profile if @active.zero? })
+      return nil if @lock.owned?
+
+      begin
+        @lock.lock
+      rescue ThreadError
+        return nil # in trap context
+      end
+      begin
+        result = take_profile if @active.zero?
+      ensure
+        @lock.unlock
+      end
+      deliver(result)
     end
 
     # Takes what the profile holds (the caller holds @lock): after the last
     # request, its result; during requests, a cut of it; nil when there is
-    # nothing, or the running profile is someone else's.
+    # nothing, or the profile is someone else's (started since).
     private def take_profile
       stop_round if @active.zero? # running on after the last request: taken whole
       @since_save = 0
       @saved_at = now_s
+      return nil unless @mine == Native.round
       return Strobe.results unless Strobe.running?
 
       @active.positive? ? Strobe.snapshot(reset: true) : nil
@@ -399,16 +415,15 @@ module Strobe
           # threads: :requests: the first request's thread, then each
           # request's own as it enters its scope.
           threads = @threads == :all ? :all : [Thread.current]
-          owner = Middleware.owner
-          owner.give_way if owner && !owner.equal?(self)
           IdleStop.prepare if @idle_stop
+          # (Another middleware's profile between its requests gives way.)
           unless Strobe.start(**@profile, threads: threads)
             warn_once "another profile is running: requests are served without profiling"
             return false
           end
-          @round = Native.round
+          @round = @mine = Native.round
           @armed = false # (a deadline of an earlier round may have been replaced)
-          Middleware.owner = self
+          Strobe.lend(self, @round)
         end
         @active += 1
       end
@@ -430,6 +445,7 @@ module Strobe
       @since_save = 0 # enabled requests profiled since the last save
       @saved_at = now_s
       @round = nil    # Native.round of the profile this middleware runs
+      @mine = nil     # ... and of the latest it started, stopped or not
       @idle_since = nil
       @armed = false  # IdleStop will call idle_check
     end

@@ -100,11 +100,13 @@ module StackProf
   @pending = Strobe::Pending.new
 
   class << self
-    # Starts profiling; false when already running.
+    # Starts profiling; false when already running (a middleware's profile
+    # between requests is given back first, as for Strobe.start).
     def start(opts = {})
-      return false if running?
+      return false if running? && !Strobe.lent?
 
       options = Options.new(opts)
+      return false unless Strobe.take_back
       @pending.start(metadata: options.metadata, out: options.out) do
         Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
                              options.threads, :threads, false)
