@@ -600,21 +600,30 @@ class TestProfileFile < Minitest::Test
     assert_operator File.basename(long).bytesize, :<=, 255
   end
 
-  # The temporary file is its owner's only while written; the saved file
-  # has the mode File.open gives a new file: 0666 less the umask.
+  # A saved file is its owner's only, while written and after (a profile
+  # holds request paths and query shapes), whatever the umask, unless
+  # STROBE_FILE_MODE widens it (less the umask; the owner keeps rw); a
+  # value that is not octal bits says so once and keeps 0600.
   def test_modes
     path = File.join(@dir, "p.json")
     previous = File.umask
-    [0o022, 0o077, 0o002].each do |umask|
+    [[nil, 0o022, 0o600], [nil, 0o000, 0o600], ["640", 0o022, 0o640], ["0644", 0o027, 0o640], ["444", 0o022, 0o644],
+     ["777", 0o002, 0o775]].each do |setting, umask, expected|
       File.umask(umask)
+      ENV["STROBE_FILE_MODE"] = setting
       modes = []
       Strobe::AtomicFile.write(path) { |io| modes << (io.stat.mode & 0o777) }
       modes << (File.stat(path).mode & 0o777)
-      File.open(File.join(@dir, "plain"), "w") { |io| modes << (io.stat.mode & 0o777) }
-      File.unlink(File.join(@dir, "plain"))
-      assert_equal [0o600, 0o666 & ~umask, 0o666 & ~umask], modes, format("umask %03o", umask)
+      assert_equal [0o600, expected], modes, format("STROBE_FILE_MODE=%s, umask %03o", setting.inspect, umask)
     end
+    ENV["STROBE_FILE_MODE"] = "rw-r-----"
+    _, err = capture_io do
+      2.times { Strobe::AtomicFile.write(path) { |io| io.write("x") } }
+    end
+    assert_equal 0o600, File.stat(path).mode & 0o777
+    assert_equal 1, err.lines.grep(/STROBE_FILE_MODE must be octal permission bits/).size, err
   ensure
+    ENV.delete("STROBE_FILE_MODE")
     File.umask(previous)
   end
 

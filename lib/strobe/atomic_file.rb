@@ -15,9 +15,12 @@ module Strobe
   # created exclusively (O_CREAT | O_EXCL, and O_NOFOLLOW where there is
   # one): an existing file or symlink of that name is never opened, let
   # alone written through; another name is tried instead. The temporary
-  # file is readable by its owner only while it is written; then it gets
-  # the mode File.open gives a file it creates (0666 less the umask) and is
-  # renamed over the target, which replaces what was there (a symlink
+  # file is readable by its owner only while it is written, and stays so
+  # (0600) unless the operator sets STROBE_FILE_MODE (octal permission bits,
+  # e.g. 640, less the umask): a profile may hold what clients sent (the
+  # paths in request markers) and the shapes of the program's queries,
+  # which nobody else on the machine is to read unless the operator asks.
+  # It is then renamed over the target, which replaces what was there (a symlink
   # itself, not what it points to). Each write has a file of its own, so
   # threads and processes writing one target at once do not mix their data:
   # the last rename wins, whole.
@@ -177,9 +180,30 @@ module Strobe
       File.join(dir, ".#{name[0, NAME_CHARS]}.strobe-#{SecureRandom.hex(16)}.tmp")
     end
 
-    # 0666 less the umask: the mode File.open gives a file it creates.
+    # The mode of a saved file: 0600, or STROBE_FILE_MODE's bits, less the
+    # umask.
     def new_file_mode
-      0o666 & ~umask
+      file_mode & ~umask
+    end
+
+    OWNER_ONLY = 0o600
+
+    # STROBE_FILE_MODE as permission bits (octal digits, at most 0777; the
+    # owner keeps read and write), else 0600, with one line on stderr for a
+    # value that is not one.
+    def file_mode
+      setting = ENV["STROBE_FILE_MODE"]
+      return OWNER_ONLY if setting.nil? || setting.empty?
+
+      mode = Integer(setting, 8) if setting.match?(/\A0?[0-7]{3}\z/)
+      return mode | OWNER_ONLY if mode
+
+      unless @file_mode_warned == setting
+        @file_mode_warned = setting
+        $stderr.puts "strobe: STROBE_FILE_MODE must be octal permission bits such as 640, not #{setting[0, 20].inspect}: " \
+                     "saving files readable by their owner only"
+      end
+      OWNER_ONLY
     end
 
     # The process's umask. Linux tells it in /proc/self/status; File.umask
