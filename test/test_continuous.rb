@@ -367,6 +367,71 @@ class TestContinuous < Minitest::Test
     assert_match(/not profiling: STROBE_CONTINUOUS_URL and STROBE_PPROF_LISTEN are both set/, err)
   end
 
+  # Issue 30, item 9: every interface without a token is refused in one
+  # line that says how to give one (nothing listens); with a token (never
+  # shown), or STROBE_PPROF_INSECURE=1, it is served.
+  def test_autorun_needs_a_token_to_listen_on_every_interface
+    listening = "require 'socket'; print ObjectSpace.each_object(TCPServer).count { |s| !s.closed? }"
+    env = { "RUBYOPT" => "-rstrobe/autorun", "STROBE_PPROF_LISTEN" => "0.0.0.0:0" }
+    out, err, status = run_ruby(listening, env: env)
+    assert status.success?, err
+    assert_equal 1, err.lines.size, err
+    assert_match(/\Astrobe: not profiling: the pull endpoint at 0\.0\.0\.0:0 would serve profiles to anyone/, err)
+    assert_includes err, "STROBE_PPROF_TOKEN"
+    assert_includes err, "STROBE_PPROF_INSECURE=1"
+    assert_equal "0", out, "nothing listens"
+
+    out, err, status = run_ruby(listening, env: env.merge("STROBE_PPROF_TOKEN" => "s3cret-t0ken"))
+    assert status.success?, err
+    assert_match(%r{\Astrobe: serving pprof at http://0\.0\.0\.0:\d+/debug/pprof/profile\?seconds=N\n\z}, err)
+    refute_includes err, "s3cret"
+    assert_equal "1", out
+
+    _, err, = run_ruby(listening, env: env.merge("STROBE_PPROF_INSECURE" => "1"))
+    assert_match(/\Astrobe: serving pprof at /, err)
+    _, err, = run_ruby(listening, env: env.merge("STROBE_PPROF_INSECURE" => "yes"))
+    assert_match(/\Astrobe: not profiling: STROBE_PPROF_INSECURE must be 1 or 0, got "yes"/, err)
+  end
+
+  # Issue 30, item 9: a profile asked while another is taken waits its
+  # turn (it used to be refused at once), in the order they came; a
+  # request that would wait longer than `wait` is refused, and one killed
+  # while waiting leaves its place.
+  def test_pull_requests_wait_their_turn_in_order
+    profiler = Strobe::Continuous::PullProfiler.new(mode: :wall, wait: 60)
+    done = Queue.new
+    ask = ->(name) { Thread.new { profiler.profile(seconds: 1).tap { done << name } } }
+    first = ask.call(:first)
+    wait_until(30) { Strobe.running? }
+    killed = Thread.new { profiler.profile(seconds: 1) }
+    wait_until(30) { profiler.waiting == 1 }
+    second = ask.call(:second)
+    wait_until(30) { profiler.waiting == 2 }
+    killed.kill.join(30)
+    assert_equal 1, profiler.waiting, "the killed request left its place"
+    third = ask.call(:third)
+    wait_until(30) { profiler.waiting == 2 }
+
+    profiles = [first, second, third].map { |thread| thread.join(60)&.value }
+    assert_equal %i[first second third], Array.new(3) { done.pop }
+    profiles.each { |bytes| assert_equal "\x1f\x8b".b, bytes.to_s.b[0, 2], "gzipped pprof" }
+    assert_equal 0, profiler.waiting
+  ensure
+    [first, second, third, killed].compact.each { |thread| thread.kill.join(30) }
+  end
+
+  def test_a_pull_request_that_would_wait_too_long_is_refused
+    profiler = Strobe::Continuous::PullProfiler.new(mode: :wall, wait: 0)
+    first = Thread.new { profiler.profile(seconds: 2) }
+    wait_until(30) { Strobe.running? }
+    error = assert_raises(Strobe::Continuous::Busy) { profiler.profile(seconds: 1) }
+    assert_match(/a profile is being taken for another request \(one at a time; waited 0 s\)/, error.message)
+    assert_equal 0, profiler.waiting
+    assert_equal "\x1f\x8b".b, first.join(60)&.value.to_s.b[0, 2]
+  ensure
+    first&.kill&.join(30)
+  end
+
   # Review of issue 21: what the program does to Strobe's session.
   def test_the_program_stopping_the_profile_ends_the_session_and_its_threads
     receiver = PyroscopeReceiver.new

@@ -23,9 +23,11 @@ class TestPullServer < Minitest::Test
   # long (unless sleep: false) and returns body, or raises busy (an
   # exception); allocs(seconds:) returns allocs, or raises Unavailable.
   # With meet: n, each profile call waits (at most 30 s) for n of them to
-  # be under way at once. Every call is recorded, and its ending counted.
+  # be under way at once; with gate: a Queue, each takes one thing from it
+  # first (at most 60 s). Every call is recorded, and its ending counted.
   class FakeProfiler
-    def initialize(sleep: true, body: PPROF, busy: nil, allocs: nil, meet: nil)
+    def initialize(sleep: true, body: PPROF, busy: nil, allocs: nil, meet: nil, gate: nil)
+      @gate = gate
       @sleep = sleep
       @body = body
       @busy = busy
@@ -43,6 +45,7 @@ class TestPullServer < Minitest::Test
       raise @busy if @busy
 
       meet if @meet
+      Timeout.timeout(60) { @gate.pop } if @gate
       sleep seconds if @sleep
       @body
     ensure
@@ -119,21 +122,23 @@ class TestPullServer < Minitest::Test
     end
   end
 
-  # seconds: 30 when absent (as Go's), else a whole number from 1 to 3600;
-  # anything else is 400 and never reaches the profiler.
+  # seconds: 30 when absent (as Go's), else a whole number from 1 to 60
+  # (the documented maximum: no one holds the profiler longer); anything
+  # else is 400 with the reason, and never reaches the profiler.
   def test_seconds
     with_pull(FakeProfiler.new(sleep: false)) do |server, profiler, _|
-      { "" => 30, "?seconds=3600" => 3600, "?seconds=007" => 7, "?seconds=2&seconds=abc" => 2,
+      { "" => 30, "?seconds=60" => 60, "?seconds=007" => 7, "?seconds=2&seconds=abc" => 2,
         "?debug=1&seconds=5" => 5 }.each do |query, seconds|
         response = get(server, "/debug/pprof/profile#{query}")
         assert_equal "200", response.code, query
         assert_equal [:profile, seconds], profiler.calls.last, query
       end
+      assert_includes get(server, "/debug/pprof/").body, "1 to 60, default 30"
       calls = profiler.calls.size
-      ["0", "-1", "3601", "1.5", "abc", "", "1e3", "%ff", "+5", "5%20", "99999999999999999999"].each do |bad|
+      ["0", "-1", "61", "3600", "1.5", "abc", "", "1e3", "%ff", "+5", "5%20", "99999999999999999999"].each do |bad|
         response = get(server, "/debug/pprof/profile?seconds=#{bad}")
         assert_equal "400", response.code, bad
-        assert_match(/\Abad seconds: .* \(a whole number from 1 to 3600\)\n\z/, response.body, bad)
+        assert_match(/\Abad seconds: .* \(a whole number from 1 to 60\)\n\z/, response.body, bad)
         assert_equal "400", get(server, "/debug/pprof/allocs?seconds=#{bad}").code, bad
       end
       assert_equal calls, profiler.calls.size, "bad seconds never reach the profiler"
@@ -255,26 +260,142 @@ class TestPullServer < Minitest::Test
     end
   end
 
-  # Two profiles at once are both taken and answered (each holds a
-  # handler while it runs).
-  # One address sending requests slowly holds at most
-  # MAX_PENDING_PER_PEER of the slots: the next of its connections is
-  # refused at once, the slots beyond stay for others.
-  def test_one_slow_address_holds_few_slots
+  # One address group sending requests slowly holds at most
+  # MAX_PENDING_PER_PEER places: its next connection pushes out its
+  # oldest (503), the others stay open.
+  def test_one_slow_address_holds_few_places
     with_pull(token: "t0ken") do |server, _, _|
-      slow = Array.new(PullServer::MAX_PENDING_PER_PEER) do
+      # (accepted in the order they connect)
+      slow = Array.new(PullServer::MAX_PENDING_PER_PEER + 1) do
         TCPSocket.new("127.0.0.1", server.port).tap { |s| s.write("GET /debug/pprof/ HTTP/1.1\r\n") }
       end
-      extra = TCPSocket.new("127.0.0.1", server.port)
-      extra.write("GET /debug/pprof/ HTTP/1.1\r\n")
-      answer = extra.wait_readable(10) && extra.read
-      assert_match(%r{\AHTTP/1\.1 503 .*too many connections from 127\.0\.0\.1}m, answer.to_s)
-      slow.each(&:close)
-      # (Served once the accepting thread has seen them go.)
-      wait_until(20) { get(server, "/debug/pprof/", { "Authorization" => "Bearer t0ken" }).code == "200" }
+      answer = Timeout.timeout(60) { slow.first.read }
+      assert_match(%r{\AHTTP/1\.1 503 .*too many connections}m, answer)
+      slow.drop(1).each do |socket|
+        assert_equal :wait_readable, socket.read_nonblock(1, exception: false), "closed or answered early"
+      end
     ensure
-      extra&.close
+      slow&.each(&:close)
     end
+  end
+
+  # Issue 30, item 10: slow connections without the token from 8 source
+  # addresses (127.0.0.2 to .9 here; any IPv6 host has as many), 5 each,
+  # more than MAX_PENDING in all, all still open: an authorized scrape is
+  # served (they used to hold every place: 503). Once with loopback as
+  # the one group it is, once with each address a group of its own, as
+  # eight hosts or eight IPv6 /64s are.
+  def test_slow_connections_from_many_addresses_keep_no_scrape_out
+    [PullServer, EachAddressItsOwn].each do |server_class|
+      log = StringIO.new
+      server = server_class.new("127.0.0.1:0", profiler: FakeProfiler.new(sleep: false), token: "t0ken",
+                                               err: log, request_timeout: 600).start
+      slow = (2..9).flat_map do |host|
+        Array.new(PullServer::MAX_PENDING_PER_PEER + 1) do
+          TCPSocket.new("127.0.0.1", server.port, "127.0.0.#{host}", 0).tap { |s| s.write("GET /debug/pprof/ HTT") }
+        end
+      end
+      assert_operator slow.size, :>, PullServer::MAX_PENDING
+      response = get(server, "/debug/pprof/profile?seconds=1", { "Authorization" => "Bearer t0ken" })
+      assert_equal "200", response.code, "#{server_class}: #{response.body}"
+      assert_equal PPROF, response.body.b
+      open = slow.count { |socket| socket.read_nonblock(1, exception: false) == :wait_readable }
+      assert_operator open, :>, 0, "#{server_class}: the slow connections were still there"
+    ensure
+      slow&.each(&:close)
+      server&.stop
+    end
+  end
+
+  # A pull server whose every address is a group of its own.
+  class EachAddressItsOwn < PullServer
+    private
+
+    def address_group(socket)
+      socket.remote_address.ip_address
+    end
+  end
+
+  # With a token, a request without it is answered 401 by the accepting
+  # thread as soon as its head is in: while every handler is busy with a
+  # profile, more of them than there are places in the queue are all
+  # answered, and an authorized request still finds its place (it is
+  # answered once a handler is free).
+  def test_requests_without_the_token_take_no_handler
+    gate = Queue.new
+    with_pull(FakeProfiler.new(sleep: false, gate: gate), token: "t0ken") do |server, profiler, _|
+      authorized = "GET /debug/pprof/profile?seconds=1 HTTP/1.1\r\nAuthorization: Bearer t0ken\r\n\r\n"
+      busy = Array.new(PullServer::HANDLERS) { TCPSocket.new("127.0.0.1", server.port).tap { |s| s.write(authorized) } }
+      wait_until(60) { profiler.calls.size == PullServer::HANDLERS }
+      (PullServer::MAX_QUEUED + 4).times do
+        answer = TCPSocket.open("127.0.0.1", server.port) do |socket|
+          socket.write("GET /debug/pprof/profile?seconds=1 HTTP/1.1\r\nAuthorization: Bearer t0k3n\r\n\r\n")
+          socket.wait_readable(60) && socket.read
+        end
+        assert_match(%r{\AHTTP/1\.1 401 }, answer.to_s)
+        refute_includes answer, "t0k"
+      end
+      assert_equal 0, profiler.ended, "every handler was still busy"
+      waiting = TCPSocket.new("127.0.0.1", server.port)
+      waiting.write(authorized)
+      (PullServer::HANDLERS + 1).times { gate << :go }
+      answers = (busy + [waiting]).map { |socket| Timeout.timeout(60) { socket.read } }
+      assert(answers.all? { |answer| answer.start_with?("HTTP/1.1 200 ") }, answers.map { |a| a[0, 40] }.inspect)
+    ensure
+      (busy.to_a + [waiting]).compact.each(&:close)
+      gate.close
+    end
+  end
+
+  # Issue 30, item 9: without a token, only a loopback address is served;
+  # any other refuses to start (the port is not kept) with one line saying
+  # how to give one, or how to serve without one on purpose.
+  def test_an_address_others_reach_needs_a_token
+    free = TCPServer.new("0.0.0.0", 0).then { |probe| probe.addr[1].tap { probe.close } }
+    others = ["0.0.0.0:#{free}", ":#{free}"]
+    outside = Socket.ip_address_list.find { |a| a.ipv4? && !a.ipv4_loopback? }
+    others << "#{outside.ip_address}:#{free}" if outside
+    others.each do |address|
+      error = assert_raises(ArgumentError, address) { PullServer.new(address, profiler: FakeProfiler.new) }
+      assert_equal 1, error.message.lines.size
+      ["token:", "STROBE_PPROF_TOKEN", "insecure: true", "STROBE_PPROF_INSECURE=1"].each do |way|
+        assert_includes error.message, way, address
+      end
+      TCPServer.new("0.0.0.0", free).close # nothing holds the port
+    end
+    others.each do |address|
+      [{ token: "t0ken" }, { insecure: true }].each do |options|
+        with_pull(address: address, **options) do |server, _, _|
+          headers = options[:token] ? { "Authorization" => "Bearer t0ken" } : {}
+          assert_equal "200", get(server, "/debug/pprof/", headers, host: reachable(server)).code,
+                       [address, options].inspect
+        end
+      end
+    end
+    ["127.0.0.1:0", "127.0.0.2:0", "localhost:0"].each do |address|
+      with_pull(address: address) { |server, _, _| assert_equal "200", get(server, "/debug/pprof/", host: server.host).code }
+    end
+    error = assert_raises(ArgumentError) { PullServer.new("127.0.0.1:0", profiler: FakeProfiler.new, insecure: "yes") }
+    assert_match(/insecure: must be true or false/, error.message)
+  end
+
+  # An address the server is reached at from here.
+  def reachable(server)
+    case server.host
+    when "0.0.0.0" then "127.0.0.1"
+    when "::" then File.read("/proc/sys/net/ipv6/bindv6only").strip == "1" ? "::1" : "127.0.0.1"
+    else server.host
+    end
+  end
+
+  # Address groups: an IPv4 address, an IPv6 /64, loopback as one.
+  def test_address_groups
+    group = ->(address) { Strobe::HTTPServer::Incoming.group_of(Addrinfo.tcp(address, 80)) }
+    assert_equal ["loopback"], ["127.0.0.1", "127.0.0.9", "127.255.0.1", "::1", "::ffff:127.0.0.2"].map(&group).uniq
+    assert_equal "10.1.2.3", group.call("10.1.2.3")
+    assert_equal "10.1.2.3", group.call("::ffff:10.1.2.3")
+    assert_equal ["2001:db8:1:2::/64"], ["2001:db8:1:2::1", "2001:db8:1:2:ffff:1:2:3"].map(&group).uniq
+    refute_equal group.call("2001:db8:1:2::1"), group.call("2001:db8:1:3::1")
   end
 
   def test_two_profiles_at_once
@@ -387,13 +508,12 @@ class TestPullServer < Minitest::Test
       assert_kind_of Errno::EADDRINUSE, taken
     end
 
-    # every interface: reachable on 127.0.0.1 too
-    with_pull(address: ":0") do |server, _, _|
+    # every interface: reachable on loopback too
+    with_pull(address: ":0", insecure: true) do |server, _, _|
       assert_includes ["::", "0.0.0.0"], server.host
-      v6only = server.host == "::" && File.read("/proc/sys/net/ipv6/bindv6only").strip == "1"
-      assert_equal "200", get(server, "/debug/pprof/", host: v6only ? "::1" : "127.0.0.1").code
+      assert_equal "200", get(server, "/debug/pprof/", host: reachable(server)).code
     end
-    with_pull(address: "0.0.0.0:0") do |server, _, _|
+    with_pull(address: "0.0.0.0:0", insecure: true) do |server, _, _|
       assert_equal "0.0.0.0", server.host
       assert_equal "200", get(server, "/debug/pprof/").code
     end

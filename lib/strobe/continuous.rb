@@ -108,11 +108,12 @@ module Strobe
 
       # Serves Go's pprof endpoints (/debug/pprof/profile?seconds=N) at
       # address ("127.0.0.1:6060"; ":6060" for every interface) for Grafana
-      # Alloy and Parca to scrape; see Continuous::PullServer. Returns the
-      # server (#port, #stop).
-      def listen(address, token: nil, mode: :cpu, interval: nil, err: $stderr)
-        PullServer.new(address, token: token, profiler: PullProfiler.new(mode: mode, interval: interval),
-                                err: err).start
+      # Alloy and Parca to scrape; see Continuous::PullServer. Any address
+      # but loopback needs token: (or insecure: true). Returns the server
+      # (#port, #stop).
+      def listen(address, token: nil, insecure: false, mode: :cpu, interval: nil, err: $stderr)
+        PullServer.new(address, token: token, insecure: insecure,
+                                profiler: PullProfiler.new(mode: mode, interval: interval), err: err).start
       end
 
       def now

@@ -2,6 +2,7 @@
 
 require "socket"
 require "io/wait"
+require "ipaddr"
 require_relative "redact"
 
 module Strobe
@@ -13,19 +14,33 @@ module Strobe
   # this class owns the rest:
   #
   # One thread accepts connections and reads their requests, all at once,
-  # each within REQUEST_TIMEOUT (an idle or slow connection costs a slot of
-  # MAX_PENDING, never anyone's wait); HANDLERS threads answer complete
-  # requests. A connection beyond MAX_PENDING, or a request beyond
-  # MAX_QUEUED waiting for a handler, gets 503 at once. A response may take
-  # as long as the subclass needs to produce it (a profile over N seconds);
-  # the client then has RESPONSE_TIMEOUT seconds to take it, and is dropped
-  # once it takes nothing for DeadlineWriter::STALL seconds.
+  # each whole head within REQUEST_TIMEOUT (an idle or slow connection
+  # costs one of MAX_PENDING places, never anyone's wait), and screens each
+  # head as it is complete: what the subclass refuses (no token, say) is
+  # answered there and then with a few bytes that fit the socket's buffer,
+  # so only requests that passed ever wait for one of the HANDLERS threads
+  # (MAX_QUEUED of them at most: beyond, 503).
+  #
+  # The places for heads still arriving are shared by address groups
+  # (Incoming#group: an IPv4 address, an IPv6 /64, loopback as one): a new
+  # connection whose group holds its share (max_pending_per_peer), or that
+  # finds every place taken, takes the place of the oldest connection of
+  # its group, or of the group holding the most, which gets 503. So slow
+  # connections, from however many addresses, never keep a new one out: a
+  # scraper sends its head at once and is read before anyone's newer
+  # connection could push it out.
+  #
+  # A response may take as long as the subclass needs to produce it (a
+  # profile over N seconds); the client then has RESPONSE_TIMEOUT seconds to
+  # take it, and is dropped once it takes nothing for DeadlineWriter::STALL
+  # seconds.
   #
   # Accept errors that pass (out of descriptors or memory, a connection
   # aborted) are retried after a Pause. Threads the program kills are
   # started again (revive; the accept thread starts dead handlers itself).
   class HTTPServer
-    REQUEST_TIMEOUT = 5
+    # Seconds a client has to send its whole request head.
+    REQUEST_TIMEOUT = 3
     RESPONSE_TIMEOUT = 10
     MAX_REQUEST = 16 * 1024
     HANDLERS = 4
@@ -159,17 +174,27 @@ module Strobe
 
     # A connection whose request is still arriving, until its deadline.
     class Incoming
-      attr_reader :socket, :deadline, :peer
+      attr_reader :socket, :deadline, :group
 
-      def initialize(socket, deadline)
+      # The group an address (an Addrinfo) shares its places with: an IPv4
+      # address; an IPv6 /64 (what one host commonly holds); the loopback
+      # addresses (127.0.0.0/8, ::1) as one, since any local user has all
+      # of them. An IPv4 address mapped into IPv6 is the IPv4 one.
+      def self.group_of(address)
+        address = HTTPServer.unmapped(address)
+        return "loopback" if HTTPServer.loopback?(address)
+        return address.ip_address unless address.ipv6?
+
+        "#{IPAddr.new(address.ip_address.sub(/%.*/, '')).mask(64)}/64"
+      rescue StandardError
+        address.inspect_sockaddr
+      end
+
+      def initialize(socket, deadline, group)
         @socket = socket
         @deadline = deadline
+        @group = group
         @data = +""
-        @peer = begin
-          socket.remote_address.ip_address
-        rescue StandardError
-          nil
-        end
       end
 
       # Reads what has arrived: nil while the request is incomplete, a
@@ -193,6 +218,19 @@ module Strobe
       # Seconds by the monotonic clock: what every deadline here is in.
       def now
         Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+
+      # address (an Addrinfo), as IPv4 when it is an IPv4 address mapped
+      # into IPv6 (::ffff:a.b.c.d).
+      def unmapped(address)
+        address.ipv6? && address.ipv6_v4mapped? ? address.ipv6_to_ipv4 : address
+      end
+
+      # Whether address (an Addrinfo) is a loopback one: 127.0.0.0/8 or ::1
+      # (mapped into IPv6 or not).
+      def loopback?(address)
+        address = unmapped(address)
+        address.ipv4_loopback? || address.ipv6_loopback?
       end
 
       # Compares a and b without stopping at the first difference, so the
@@ -282,8 +320,8 @@ module Strobe
       TCPServer.new(host, port)
     end
 
-    # Answers one complete request (request is a Request) by writing its
-    # response to out: what a subclass serves.
+    # Answers one complete request (request is a Request that screen
+    # passed) by writing its response to out: what a subclass serves.
     def route(_request, _out)
       raise NotImplementedError, "#{self.class} answers no requests"
     end
@@ -342,9 +380,9 @@ module Strobe
         readable&.each do |io|
           if io.equal?(@server)
             accept(incoming, pause)
-          elsif (request = incoming[io].read)
+          elsif (request = incoming[io]&.read) # (nil: pushed out by a connection accepted just now)
             incoming.delete(io)
-            request == :gone ? io.close : hand_over(io, request)
+            dispatch(io, request)
           end
         end
         expire(incoming)
@@ -377,31 +415,73 @@ module Strobe
       note "cannot start a thread: #{e.message}"
     end
 
-    # Takes a connection waiting (503 beyond MAX_PENDING); its request is
-    # read from now on, until request_timeout.
+    # Takes a connection waiting; its request is read from now on, until
+    # request_timeout (what has arrived already, at once), in a place made
+    # for it if none is free (make_room).
     def accept(incoming, pause)
       socket = @server.accept_nonblock(exception: false)
       pause.succeeded
       return if socket == :wait_readable # it went away before we took it
 
-      connection = Incoming.new(socket, HTTPServer.now + @request_timeout)
-      if incoming.size >= MAX_PENDING
-        refuse(socket, "too many connections")
-      elsif incoming.each_value.count { |other| other.peer == connection.peer } >= max_pending_per_peer
-        refuse(socket, "too many connections from #{connection.peer}")
-      else
-        incoming[socket] = connection
-      end
+      connection = Incoming.new(socket, HTTPServer.now + @request_timeout, address_group(socket))
+      request = connection.read
+      return dispatch(socket, request) if request
+
+      make_room(incoming, connection.group)
+      incoming[socket] = connection
     rescue *ACCEPT_ERRORS => e
       note "cannot accept a connection (#{e.message}); retrying" if pause.failed
     end
 
-    # How many requests one address may have arriving at once: all of
-    # MAX_PENDING here (strobe serve's clients are all 127.0.0.1); a
-    # server others reach sets fewer, so that one slow client cannot take
-    # every slot from the rest.
+    # Frees a place for a connection of group when there is none: its
+    # group's oldest when the group holds max_pending_per_peer, else, when
+    # all MAX_PENDING are taken, the oldest of the group holding the most.
+    # That one gets 503. (incoming is oldest first: a Hash keeps its order.)
+    def make_room(incoming, group)
+      counts = incoming.each_value.map(&:group).tally
+      crowded = if counts.fetch(group, 0) >= max_pending_per_peer then group
+                elsif incoming.size >= MAX_PENDING then counts.max_by { |_, count| count }.first
+                end
+      return unless crowded
+
+      oldest, = incoming.find { |_, other| other.group == crowded }
+      incoming.delete(oldest)
+      refuse(oldest, "too many connections")
+    end
+
+    # The address group a connection shares its places with
+    # (Incoming.group_of); nil when its address cannot be had.
+    def address_group(socket)
+      Incoming.group_of(socket.remote_address)
+    rescue SystemCallError, IOError, SocketError
+      nil
+    end
+
+    # How many heads one address group may have arriving at once: all of
+    # MAX_PENDING here (strobe serve's clients are all on loopback, one
+    # group); a server others reach sets fewer, so that one slow client
+    # pushes out its own connections before anyone else's.
     def max_pending_per_peer
       MAX_PENDING
+    end
+
+    # What the accept thread does with what a connection sent: nothing when
+    # it went away, 400 when it is no request, what screen says, or else
+    # queues it for the handlers.
+    def dispatch(socket, request)
+      return socket.close if request == :gone
+      return answer_now(socket, 400, "bad request\n") unless request.is_a?(Request)
+
+      status, body, extra = screen(request)
+      status ? answer_now(socket, status, body, extra || []) : hand_over(socket, request)
+    end
+
+    # What the accept thread answers at once, the request never reaching a
+    # handler: [status, body, extra header lines] (a body of a few bytes),
+    # or nil to answer it in route. A subclass refuses here what it would
+    # refuse without any work (a missing token).
+    def screen(_request)
+      nil
     end
 
     # Closes the connections whose request did not come in time.
@@ -424,13 +504,18 @@ module Strobe
       socket.close
     end
 
-    # A 503 that fits the socket's buffer, sent without waiting, and closed
-    # (what the client sent is read first: closing with it unread would
-    # reset the connection, and the 503 could be lost).
+    # A 503, answered at once.
     def refuse(socket, why)
-      body = "busy: #{why}, try again\n"
+      answer_now(socket, 503, "busy: #{why}, try again\n")
+    end
+
+    # A short response that fits the socket's buffer, sent without waiting,
+    # and the connection closed (what the client sent is read first:
+    # closing with it unread would reset the connection, and the response
+    # could be lost).
+    def answer_now(socket, status, body, extra = [])
       socket.read_nonblock(MAX_REQUEST, exception: false)
-      socket.write_nonblock(head(503, "text/plain", body.bytesize) + body, exception: false)
+      socket.write_nonblock(head(status, "text/plain", body.bytesize, extra) + body, exception: false)
     rescue StandardError
       nil
     ensure
@@ -455,12 +540,9 @@ module Strobe
       end
     end
 
-    # Answers what the accept thread read: 400 when it is no request.
+    # Answers a request the accept thread passed (screen).
     def answer(socket, request)
-      out = writer(socket)
-      return respond(out, 400, "bad request\n") unless request.is_a?(Request)
-
-      route(request, out)
+      route(request, writer(socket))
     end
 
     # A whole response: status, headers (extra lines too) and body.

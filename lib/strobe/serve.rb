@@ -28,7 +28,9 @@ module Strobe
   # in Host) is refused with 403.
   #
   # The serving itself (threads, deadlines, limits, 503s, accept errors,
-  # killed threads) is Strobe::HTTPServer's; each response here is written
+  # killed threads) is Strobe::HTTPServer's: a request with the wrong Host
+  # or token is answered as soon as its head is in, taking no handler, and
+  # slow connections never keep a new one out; each response here is written
   # within RESPONSE_TIMEOUT of the request's start, building the snapshot
   # included. Requests close together for one format share one snapshot
   # (Snapshots): building one holds the GVL, so the program pauses while it
@@ -201,15 +203,20 @@ module Strobe
       DeadlineWriter.new(socket, Serve.now + @response_timeout)
     end
 
-    # Answers a request for this listener (Host) under the token.
-    def route(request, out)
+    # Answered at once by the accepting thread, never reaching a handler: a
+    # request for another Host (403) or not under the token (404).
+    def screen(request)
       unless @hosts.include?(request.header("host").to_s.downcase)
-        return respond(out, 403, "this server answers requests for 127.0.0.1:#{@port} only\n")
+        return [403, "this server answers requests for 127.0.0.1:#{@port} only\n"]
       end
 
-      _, token, rest = request.path.split("/", 3)
-      return respond(out, 404, "not found\n") unless token && Serve.secure_equal?(token, @token)
+      token = request.path.split("/", 3)[1]
+      [404, "not found\n"] unless token && Serve.secure_equal?(token, @token)
+    end
 
+    # Answers a request for this listener under the token (screen saw both).
+    def route(request, out)
+      rest = request.path.split("/", 3)[2]
       case [request.verb, rest.to_s]
       in ["GET", PROFILE | STROBE_PROFILE] then send_profile(out, request, FORMATS.fetch(rest))
       in ["GET", ""] then respond(out, 200, index_page, type: "text/html; charset=utf-8")

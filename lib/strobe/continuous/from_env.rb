@@ -16,7 +16,9 @@ module Strobe
     #   STROBE_BEARER_TOKEN     a token; STROBE_TENANT_ID: X-Scope-OrgID
     #   STROBE_PPROF_LISTEN     host:port: serve /debug/pprof/profile there
     #                           instead (Alloy, Parca); STROBE_PPROF_TOKEN
-    #                           then required of every request
+    #                           then required of every request (and of any
+    #                           address but loopback, unless
+    #                           STROBE_PPROF_INSECURE=1)
     #   STROBE_MODE, STROBE_INTERVAL as for autorun
     class FromEnv
       def initialize(env)
@@ -44,9 +46,18 @@ module Strobe
       private
 
       def start_listening(address, err)
-        server = Continuous.listen(address, token: present("STROBE_PPROF_TOKEN"), mode: mode || :cpu,
-                                            interval: interval, err: err)
+        server = Continuous.listen(address, token: present("STROBE_PPROF_TOKEN"), insecure: insecure,
+                                            mode: mode || :cpu, interval: interval, err: err)
         "serving pprof at http://#{server.host}:#{server.port}/debug/pprof/profile?seconds=N"
+      end
+
+      # STROBE_PPROF_INSECURE: 1 to serve any address without a token.
+      def insecure
+        case (value = present("STROBE_PPROF_INSECURE"))
+        when nil, "0" then false
+        when "1" then true
+        else raise ArgumentError, "STROBE_PPROF_INSECURE must be 1 or 0, got #{value.inspect}"
+        end
       end
 
       def push_options

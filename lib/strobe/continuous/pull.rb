@@ -14,7 +14,7 @@ module Strobe
     # (threads of its own, never profiled; deadlines, limits, 503s):
     #
     #   GET /debug/pprof/profile?seconds=N   a profile over the next N
-    #                                        seconds (1 to MAX_SECONDS,
+    #                                        seconds (1 to MAX_SECONDS = 60,
     #                                        default 30 as Go's)
     #   GET /debug/pprof/allocs[?seconds=N]  allocations (over the next N
     #                                        seconds when asked)
@@ -33,7 +33,11 @@ module Strobe
     # No Host check (scrapers reach it by any name) and no CORS: with a
     # token, every request carries it, as Alloy's bearer_token sends it
     # (Authorization: Bearer TOKEN) or as a basic auth password (any user);
-    # any other gets 401. Only GET is answered (405).
+    # any other gets 401 from the accepting thread as soon as its head is
+    # in, so that no handler, place in the queue or profile is ever spent
+    # on it. Without a token, only a loopback address is served (any user
+    # of this host may ask); any other address needs insecure: true to
+    # serve whoever reaches it. Only GET is answered (405).
     #
     # Forked children close the listening socket as they start (Strobe::
     # ForkHook: Kernel#fork, Process.fork, IO.popen("-"), Process.daemon),
@@ -51,7 +55,10 @@ module Strobe
       PROFILE = "/debug/pprof/profile"
       ALLOCS = "/debug/pprof/allocs"
       DEFAULT_SECONDS = 30
-      MAX_SECONDS = 3600
+      # The longest profile asked (Alloy asks its scrape interval less one
+      # second, 14 by default; Parca its scrape interval): no one holds the
+      # one-at-a-time profiler longer.
+      MAX_SECONDS = 60
       # host:port, the host in brackets when IPv6, empty for every interface.
       ADDRESS = /\A(?:\[(?<ipv6>[^\[\]\s]+)\]|(?<name>[^\[\]:\s]*)):(?<port>\d+)\z/
       # What a token may hold: what an Authorization header carries as is.
@@ -95,12 +102,14 @@ module Strobe
       attr_reader :host
 
       # Binds address ("host:port", port 0: any free one); ArgumentError for
-      # a malformed address or token, SystemCallError or SocketError when it
-      # cannot bind (the port is taken, the name unknown). profiler answers
-      # profile(seconds:) and allocs(seconds:); token, when given, is what
-      # every request must carry. The deadlines are HTTPServer's.
-      def initialize(address, profiler:, token: nil, err: $stderr, request_timeout: REQUEST_TIMEOUT,
-                     response_timeout: RESPONSE_TIMEOUT)
+      # a malformed address or token, or for an address other than loopback
+      # without a token unless insecure: true; SystemCallError or
+      # SocketError when it cannot bind (the port is taken, the name
+      # unknown). profiler answers profile(seconds:) and allocs(seconds:);
+      # token, when given, is what every request must carry. The deadlines
+      # are HTTPServer's.
+      def initialize(address, profiler:, token: nil, insecure: false, err: $stderr,
+                     request_timeout: REQUEST_TIMEOUT, response_timeout: RESPONSE_TIMEOUT)
         host, port = PullServer.parse_address(address)
         unless profiler.respond_to?(:profile)
           raise ArgumentError, "the profiler must answer profile(seconds:), got #{profiler.inspect}"
@@ -108,17 +117,20 @@ module Strobe
         unless token.nil? || (token.is_a?(String) && token.match?(TOKEN))
           raise ArgumentError, "the token must be printable ASCII without spaces (what an Authorization header carries)"
         end
+        raise ArgumentError, "insecure: must be true or false, got #{insecure.inspect}" unless [true, false].include?(insecure)
 
         @profiler = profiler
         @token_digest = (Digest::SHA256.digest(token) if token)
         super(host, port, name: NAME, err: err, request_timeout: request_timeout, response_timeout: response_timeout)
+        refuse_to_serve_anyone(address) unless token || insecure || HTTPServer.loopback?(@server.local_address)
         @host = @server.local_address.ip_address
         PullServer.listening << @server
       end
 
-      # Requests arriving at once from one address (the rest of
-      # MAX_PENDING stays for the scrapers: a client sending slowly, the
-      # token not yet seen, holds at most these).
+      # Heads arriving at once from one address group (HTTPServer's
+      # Incoming.group_of): a fifth connection pushes out the group's
+      # oldest, so a client sending slowly, its token not yet seen, holds
+      # at most these and pushes out no one else's.
       MAX_PENDING_PER_PEER = 4
 
       # The index of what is served.
@@ -136,6 +148,14 @@ module Strobe
 
       private
 
+      # Bound where others reach it, without a token: closed, and why.
+      def refuse_to_serve_anyone(address)
+        @server.close
+        raise ArgumentError, "the pull endpoint at #{address} would serve profiles to anyone who reaches it: give " \
+                             "a token every request must carry (token:, STROBE_PPROF_TOKEN with autorun), listen on " \
+                             "127.0.0.1, or serve without one on purpose (insecure: true, STROBE_PPROF_INSECURE=1)"
+      end
+
       def max_pending_per_peer
         MAX_PENDING_PER_PEER
       end
@@ -152,9 +172,13 @@ module Strobe
         end
       end
 
-      # Answers a GET carrying the token, if any.
+      # 401 at once for a request without the token, whatever it asks.
+      def screen(request)
+        [401, "unauthorized\n", ["WWW-Authenticate: Bearer"]] unless authorized?(request)
+      end
+
+      # Answers a GET (screen saw the token, if any).
       def route(request, out)
-        return respond(out, 401, "unauthorized\n", extra: ["WWW-Authenticate: Bearer"]) unless authorized?(request)
         return respond(out, 405, "only GET\n", extra: ["Allow: GET"]) unless request.verb == "GET"
 
         params = query_params(request.query)

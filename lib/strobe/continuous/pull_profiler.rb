@@ -10,19 +10,36 @@ module Strobe
     # What the pull endpoint (PullServer) serves: a profile taken on
     # request, for the seconds asked, then the profiler stops again, so a
     # process that is not being scraped pays nothing. One at a time, as Go's
-    # CPU profile endpoint: a request that comes while one is taken, or
-    # while anything else profiles the process (a push session, the
-    # middleware), is told so (Busy).
+    # CPU profile endpoint; a request that comes while one is taken waits
+    # its turn, in the order they came, for at most `wait` seconds (WAIT:
+    # a scrape that comes as the previous one ends is served, one that
+    # would wait longer than its scraper does is told so at once), then is
+    # told so (Busy), as is one that comes while anything else profiles the
+    # process (a push session, the middleware).
     class PullProfiler
       TIME_MODES = %i[cpu wall].freeze
       DEFAULT_SECONDS = 30
+      WAIT = 5
 
       attr_reader :mode, :interval
 
-      def initialize(mode: :cpu, interval: nil)
+      def initialize(mode: :cpu, interval: nil, wait: WAIT)
         @mode = Options.mode_in(mode, Config::MODES, "to serve pulls")
         @interval = Config.interval_for(@mode, interval)
+        unless wait.is_a?(Numeric) && wait >= 0 && wait.finite?
+          raise ArgumentError, "wait: must be a number of seconds, got #{wait.inspect}"
+        end
+
+        @wait = wait
         @lock = Mutex.new
+        @turn = ConditionVariable.new
+        @waiting = [] # the requests waiting, first come first
+        @taking = false
+      end
+
+      # How many requests wait their turn.
+      def waiting
+        @lock.synchronize { @waiting.size }
       end
 
       # /debug/pprof/profile: the gzipped pprof of the next `seconds` of
@@ -52,7 +69,9 @@ module Strobe
       private
 
       def take(seconds)
-        raise Busy, "a profile is being taken for another request (one at a time)" unless @lock.try_lock
+        unless my_turn
+          raise Busy, "a profile is being taken for another request (one at a time; waited #{@wait} s)"
+        end
 
         begin
           started = Strobe.start(mode: @mode, interval: @interval, raw: true)
@@ -68,7 +87,33 @@ module Strobe
           out.string
         ensure
           Strobe.results if round && Native.stop_round(round) # cut short: its samples go nowhere
-          @lock.unlock
+          @lock.synchronize do
+            @taking = false
+            @turn.broadcast
+          end
+        end
+      end
+
+      # Waits until no profile is taken and every request that came before
+      # has had its turn, for at most @wait seconds; true when the turn is
+      # this request's (then @taking), false when the wait ran out.
+      def my_turn
+        ticket = Object.new
+        deadline = Continuous.now + @wait
+        @lock.synchronize do
+          @waiting << ticket
+          begin
+            while @taking || !@waiting.first.equal?(ticket)
+              left = deadline - Continuous.now
+              return false unless left.positive?
+
+              @turn.wait(@lock, left)
+            end
+            @taking = true
+          ensure
+            @waiting.delete(ticket) # taken, given up, or killed: the next may go
+            @turn.broadcast
+          end
         end
       end
     end
