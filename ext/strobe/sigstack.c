@@ -47,10 +47,10 @@
  * address is near the faulting code's stack pointer (or between it and its
  * rbp) for a stack overflow and longjmps to the thread's last Ruby tag,
  * unblocking SIGSEGV only (signal.c, reset_sigmask): a fault inside the
- * sampling handler that looks so (the handler's stack is bounded now, but a
- * fault elsewhere between rsp and rbp looks the same) leaves it, with its
- * signal still blocked on that thread. So the handler marks its thread
- * (in_handler, a thread-local) while it runs, and code of that thread
+ * sampling handler that looks so (its own stack is bounded now, but a
+ * fault at an address between its rsp and rbp looks the same) leaves it,
+ * with its signal still blocked on that thread. So the handler marks its
+ * thread (strobe_in_handler, a thread-local) while it runs, and code of that thread
  * outside any handler that finds the mark knows its handler was left, and
  * unblocks the signal (strobe_sigstack_recover): the GVL hooks, the thread
  * hooks, the postponed jobs, start and Strobe.sample. A thread on which
@@ -75,8 +75,8 @@
  * (strobe_sigstack_room).
  *
  * Everything here is async-signal-safe except strobe_sigstack_ensure,
- * strobe_sigstack_after_fork, strobe_sigstack_recover and the Ruby test
- * hooks, which run outside handlers.
+ * strobe_sigstack_after_fork, strobe_sigstack_unblock_left and the Ruby
+ * test hooks, which run outside handlers.
  */
 #include "sigstack.h"
 #include "placement.h"
@@ -219,9 +219,8 @@ strobe_sigstack_handler_flags(void)
 }
 
 int
-strobe_sigstack_recover(void)
+strobe_sigstack_unblock_left(void)
 {
-    if (!strobe_in_handler) return 0;
     strobe_in_handler = 0;
     sigset_t ours;
     sigemptyset(&ours);
@@ -239,7 +238,7 @@ strobe_guard_take_in_handler(strobe_thread_t *t, const void *frame)
     pid_t me = strobe_placement_self_tid();
     int holder = 0;
     if (atomic_compare_exchange_strong(&t->guard_tid, &holder, me)) {
-        /* Until this store a nested handler reads frame 0 and keeps off. */
+        /* (Nothing else of this thread runs before this store.) */
         atomic_store(&t->guard_frame, (uintptr_t)frame);
         return 1;
     }

@@ -22,7 +22,12 @@ static inline void strobe_sigstack_leave(void) { strobe_in_handler = 0; }
  * thread was left by a longjmp with the signal blocked, unblocks it (a
  * pending one is handled before this returns) and returns 1; else 0, at
  * the cost of one thread-local load. */
-int strobe_sigstack_recover(void);
+int strobe_sigstack_unblock_left(void);
+static inline int
+strobe_sigstack_recover(void)
+{
+    return strobe_in_handler ? strobe_sigstack_unblock_left() : 0;
+}
 
 /* The size of the alternate stacks Strobe gives threads that sample native
  * frames, and what a native walk needs on it (sigstack.c says why). */
