@@ -53,12 +53,15 @@ class TestSignalStack < Minitest::Test
   end
 
   # Ruby's stack-overflow recovery longjmps out of a signal handler running
-  # when the fault came. The handler's signal must not stay blocked, nor its
-  # guard held: the thread goes on being sampled, in this profile and the
-  # next.
+  # when the fault came (a fault inside it that Ruby takes for an overflow),
+  # leaving the handler's signal blocked on the thread (the kernel blocks it
+  # while its handler runs) and its guard held. Neither may stay so: the
+  # thread, which only computes (no hook runs on it), goes on being sampled,
+  # in this profile and the next.
   def test_a_handler_left_by_a_longjmp_leaves_its_thread_sampled
     Strobe.start(mode: :wall, interval: 1000, raw: true)
     reclaimed = Strobe::Native.guards_reclaimed
+    recovered = Strobe::Native.handlers_recovered
     assert Strobe::Native.leave_a_handler, "the handler was left"
     after_the_jump(0.3)
     Strobe.stop
@@ -67,6 +70,7 @@ class TestSignalStack < Minitest::Test
     refute_nil after, "the thread was not sampled after its handler was left"
     assert_operator after[:total_samples], :>, 0
     assert_operator Strobe::Native.guards_reclaimed, :>, reclaimed, "the guard was taken back"
+    assert_operator Strobe::Native.handlers_recovered, :>, recovered, "the signal was unblocked"
     again = Strobe.run(mode: :cpu, interval: 1000) { after_the_jump(0.2) }
     assert_operator again[:samples], :>, 0, "the next profile samples the thread"
   end

@@ -157,38 +157,45 @@ class TestThreads < Minitest::Test
   # The process-wide timer's signal goes to whichever thread the kernel
   # picks, a native thread that is leaving Ruby among them: Ruby has freed
   # its alternate signal stack by then, but not taken it from the kernel.
-  # The handler ran there (SA_ONSTACK), writing into freed memory: this
-  # program (half its threads raising then) died of SIGSEGV in 5 runs of 8
-  # on Ruby 3.1. Its threads return here: on 3.1 a thread that raised is
-  # still sampled for a moment after its Ruby code has ended (no
-  # THREAD_END), which crashed 1 run in 6 under load (a known limit).
-  def test_process_timer_while_threads_end
-    if RUBY_VERSION >= "3.2"
-      skip "Ruby #{RUBY_VERSION}: this program is still killed now and then (3.3: 1 run in 8, was 6 in 8; " \
-           "4.0: 2 in 8), a signal the kernel could not deliver: a known limit (docs/ARCHITECTURE.md)"
-    end
-    code = <<~RUBY
-      require "strobe"
-      %i[wall cpu].each do |mode|
-        Strobe.start(mode: mode, interval: 100, timer: :process)
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1.5
-        rounds = 0
-        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
-          threads = 8.times.map do |i|
-            Thread.new do
-              x = 0
-              (2000 + i).times { x += 1 }
-            end
+  # Threads starting and ending (half of them raising) under the
+  # process-wide timer at 100 us, in short rounds two at a time. Each of
+  # these killed programs: the handler writing into a leaving thread's
+  # freed alternate stack (Ruby 3.1, 5 runs of 8); handlers nested on a
+  # starting thread's 16 KiB stack until it overflowed ("overflowed
+  # sigaltstack": 4.0.5 4 runs of 4, 3.3.11 12 of 20); on 3.1 a thread that
+  # raised (no THREAD_END) read as it freed its frames ([BUG] in
+  # rb_profile_frames, 3 runs of 24).
+  PROCESS_TIMER_CHURN = <<~RUBY
+    require "strobe"
+    %i[wall cpu].each do |mode|
+      Strobe.start(mode: mode, interval: 100, timer: :process)
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
+      rounds = 0
+      while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        threads = 8.times.map do |i|
+          Thread.new do
+            Thread.current.report_on_exception = false
+            x = 0
+            (2000 + i).times { x += 1 }
+            raise "ends by raising" if i.odd?
           end
-          threads.each(&:join)
-          rounds += 1
-          sleep 0.05 if rounds % 10 == 0 # Ruby 3.1's cached native threads time out meanwhile
         end
-        Strobe.stop
-        puts [mode, Strobe.results[:samples] > 0].inspect
+        threads.each { |t| t.join rescue nil }
+        rounds += 1
+        sleep 0.05 if rounds % 10 == 0 # Ruby 3.1's cached native threads time out meanwhile
       end
-    RUBY
-    assert_ruby_prints "[:wall, true]\n[:cpu, true]\n", code
+      Strobe.stop
+      puts [mode, Strobe.results[:samples] > 0].inspect
+    end
+  RUBY
+
+  def test_process_timer_while_threads_end
+    4.times do
+      2.times.map { Thread.new { run_ruby(PROCESS_TIMER_CHURN) } }.map(&:value).each do |out, err, status|
+        assert status.success?, "exit status #{status.inspect}, stderr: #{err[0, 600]}"
+        assert_equal "[:wall, true]\n[:cpu, true]\n", out, "stderr: #{err[0, 600]}"
+      end
+    end
   end
 
   def test_process_timer_in_cpu_mode_follows_process_cpu_time

@@ -36,6 +36,9 @@ static void
 gvl_event(rb_event_flag_t event, const rb_internal_thread_event_data_t *data, void *unused)
 {
     (void)data; (void)unused;
+    /* On the native thread the hook runs on: its own handler, left by a
+     * longjmp, keeps the signal blocked there (sigstack.c). */
+    strobe_sigstack_recover();
 #ifdef HAVE_RB_INTERNAL_THREAD_EVENT_DATA_T_THREAD
     strobe_thread_t *t = data ? strobe_threads_of(data->thread) : strobe_threads_self();
 #else

@@ -4,11 +4,13 @@
  * :object's samples, and the sampling signal's disposition.
  *
  * The handler runs on the sampled thread, on its alternate signal stack,
- * with its own signal not blocked (sigstack.c: a thread near the end of its
- * stack, a handler left by a longjmp). It only does what strobe_capture()
- * allows (async-signal-safe). It preserves errno, takes the thread's guard
- * (sigstack.c), and does nothing after the VM has begun shutting down or
- * on a thread it does not know. The timer thread (timer.c) names the entry
+ * with its own signal blocked, so never nested in another (sigstack.c: a
+ * thread near the end of its stack, a thread's one handler frame, a
+ * handler left by a longjmp). It only does what strobe_capture() allows
+ * (async-signal-safe). It preserves errno, takes the thread's guard
+ * (sigstack.c), and does nothing after the VM has begun shutting down, on
+ * a thread it does not know, or (Ruby before 3.3) on a thread whose Ruby
+ * code has ended (strobe_threads_ended). The timer thread (timer.c) names the entry
  * a signal is for; a signal from the process-wide timer names none, and
  * its handler triggers a postponed job that drains the ring with the GVL.
  *
@@ -34,8 +36,7 @@
  * Signal safety: signal_handler and what it calls here (signal_target,
  * handler_entry, take_sample, sample_thread, sample_kind_now, gc_kind_now,
  * may_run_jit_code, count_handled, trigger_drain, trigger_sample_job, and
- * cost.h's clock) are
- * async-signal-safe. The jobs, strobe_sampler_sample_now, the note of a
+ * cost.h's clock) are async-signal-safe. The jobs, strobe_sampler_sample_now, the note of a
  * stack and the disposition run with the GVL held; the drain under the
  * profile lock (the timer thread's too, timer.c).
  */
@@ -81,10 +82,23 @@ strobe_sampler_flush(void)
 /* Postponed job (process-wide timer): GVL held, at a safe point. Running
  * out of memory here only loses the slot (counted missed); raising would
  * land in whatever Ruby code was interrupted. */
+/* Postponed jobs (GVL held, on the thread running Ruby code): a thread
+ * registered before it ran watched from now (Ruby before 3.3: threads.c). */
+static void
+watch_self(void)
+{
+#ifndef STROBE_FOLLOWS_RUBY_THREADS
+    strobe_thread_t *self = strobe_threads_self();
+    if (self) strobe_threads_watch_end(self);
+#endif
+}
+
 static void
 drain_job(void *unused)
 {
     (void)unused;
+    strobe_sigstack_recover(); /* its own handler left by a longjmp */
+    watch_self();
     int64_t start = strobe_cost_now();
     strobe_profile_locked(strobe_sampler_drain, NULL);
     strobe_cost_since(start);
@@ -140,6 +154,15 @@ sample_thread(strobe_thread_t *t, VALUE thread, int *unchanged, const void *ucon
      * A process-wide timer's tick is the process's, which that GC's count
      * covers; a thread's own tick is lost (its signal came as GC began). */
     if (gc_kind != STROBE_FRAME_RUBY && strobe_gcspan_under_way()) return strobe_sampler.process_timer ? -1 : 0;
+    /* Its Ruby code has ended (Ruby before 3.3: raised or killed, no
+     * THREAD_END): its frames are being freed. Not asked again. Checked
+     * with its frames, outside GC: a compacting GC protects pages of the
+     * heap, the Mutex's among them (a handler reading it then crashed Ruby
+     * 3.1 in GC.compact). */
+    if (gc_kind == STROBE_FRAME_RUBY && strobe_threads_ended(t)) {
+        atomic_store(&t->not_ruby, 1);
+        return -1;
+    }
     return strobe_capture(t, thread, gc_kind, gc_epoch, strobe_now_us(), unchanged,
                           strobe_sampler.native ? ucontext : NULL);
 }
@@ -214,8 +237,13 @@ static void
 sample_job(void *unused)
 {
     (void)unused;
+    /* Also triggered by the timer for a thread that leaves its signals
+     * unanswered: its own handler, left by a longjmp, may keep the signal
+     * blocked (sigstack.c). */
+    strobe_sigstack_recover();
     if (!atomic_load(&strobe_sampler.running)) return;
     int64_t start = strobe_cost_now();
+    watch_self();
     strobe_thread_t *self = strobe_threads_self();
     if (self) {
         if (strobe_sampler.native) strobe_native_warm(self); /* its own thread, no handler */
@@ -288,6 +316,7 @@ static void
 signal_handler(int sig, siginfo_t *info, void *ucontext)
 {
     (void)sig;
+    strobe_sigstack_enter();
     int saved_errno = errno;
     int64_t start = -1; /* (timed once a sample is taken: a signal on a thread leaving Ruby calls nothing) */
 
@@ -322,16 +351,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         count_handled(t);
         goto out;
     }
-    int taken = strobe_guard_take_in_handler(t, &saved_errno);
-    if (taken < 0) {
-        /* It interrupted this thread's own handler (its signal is not
-         * blocked, see sigstack.c): that one takes one more sample as it
-         * ends, as the kernel would have delivered this signal then. */
-        atomic_store(&t->nested_tick, 1);
-        count_handled(t);
-        goto out;
-    }
-    if (!taken) {
+    if (!strobe_guard_take_in_handler(t, &saved_errno)) {
         strobe_profile_add_missed(1);
         count_handled(t);
         goto out;
@@ -343,12 +363,10 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
         /* Owe the sample to the next safe point. One still owed from the
          * previous signal is lost. */
         if (atomic_exchange(&t->deferred, 1)) strobe_profile_add_missed(1);
-        if (atomic_exchange(&t->nested_tick, 0)) strobe_profile_add_missed(1); /* one owed sample for both */
         atomic_store(&t->idle_cpu_ns, -1); /* it is running */
         trigger_sample_job();
     } else {
         take_sample(t, Qfalse, ucontext);
-        if (atomic_exchange(&t->nested_tick, 0)) take_sample(t, Qfalse, ucontext);
         if (strobe_sampler.process_timer) trigger_drain();
         /* Native frames on a thread not set up for libunwind's fast path:
          * the postponed job sets it up on this thread, at its next safe
@@ -363,6 +381,7 @@ signal_handler(int sig, siginfo_t *info, void *ucontext)
     strobe_guard_release(t);
 out:
     errno = saved_errno;
+    strobe_sigstack_leave();
 }
 
 /* Timer thread (timer.c): the postponed job that takes owed samples. */
@@ -413,6 +432,7 @@ strobe_sampler_install_handler(void)
     ours.sa_sigaction = signal_handler;
     ours.sa_flags = strobe_sigstack_handler_flags();
     sigemptyset(&ours.sa_mask);
+    sigaddset(&ours.sa_mask, STROBE_SIGNAL); /* (the kernel adds it too: no SA_NODEFER) */
     sigaction(STROBE_SIGNAL, &ours, NULL);
     handler_installed = 1;
     return NULL;
@@ -443,6 +463,7 @@ drain_then_record_scratch(void *arg)
 int
 strobe_sampler_sample_now(void)
 {
+    strobe_sigstack_recover();
     if (!atomic_load(&strobe_sampler.running)) return 0;
     strobe_thread_t *t = strobe_sampler_current_entry();
     if (!t || !strobe_sampler_sampled(t)) return 0; /* a thread that is not profiled, or not now */

@@ -26,6 +26,7 @@
 #include "placement.h"
 #include "profile.h"
 #include "clock.h"
+#include "sigstack.h"
 #include <unistd.h>
 #include <ruby/vm.h>
 #include <ruby/version.h>
@@ -127,6 +128,7 @@ strobe_sampler_start(strobe_mode_t mode, long interval, VALUE only, strobe_timer
     } else if (mode == STROBE_MODE_WALL || mode == STROBE_MODE_CPU) {
         const char *err = strobe_sampler_install_handler();
         if (err) return err;
+        strobe_sigstack_recover(); /* a handler of a previous round left by a longjmp */
         strobe_sampler_footing(); /* this thread's alternate stack: Strobe's (sigstack.c) */
         strobe_sampler.native = native; /* before registering: threads registering set up their unwinding */
         strobe_sampler_gvl_start();

@@ -78,8 +78,12 @@ register_current(VALUE thread)
     /* It runs Ruby code now: it holds the GVL. */
     strobe_thread_t *t = strobe_threads_add(strobe_gettid(), thread,
                                             strobe_sampler.track_states ? STROBE_STATE_RUNNING : STROBE_STATE_UNKNOWN);
-    if (!t) strobe_sampler.unsampled_threads++;
-    else if (strobe_sampler.native) strobe_native_warm(t);
+    if (!t) {
+        strobe_sampler.unsampled_threads++;
+        return NULL;
+    }
+    strobe_threads_watch_end(t); /* (Ruby before 3.3: see threads.c) */
+    if (strobe_sampler.native) strobe_native_warm(t);
     return t;
 }
 
@@ -330,6 +334,7 @@ strobe_sampler_register_running_threads(void)
         }
         strobe_thread_t *t = strobe_threads_add(tid, thread, state);
         if (!t) strobe_sampler.unsampled_threads++;
+        else if (thread == current) strobe_threads_watch_end(t); /* the others as they run a postponed job */
 #if defined(HAVE_RB_PROFILE_THREAD_FRAMES) && defined(HAVE_RB_INTERNAL_THREAD_ADD_EVENT_HOOK)
         /* An M:N thread not running now cannot be signalled (see
          * handler_entry, handler.c): its stack, read here with the GVL held, is what
@@ -358,6 +363,7 @@ strobe_sampler_thread_hook(VALUE tpval, void *data)
     (void)data;
     if (!atomic_load(&strobe_sampler.running)) return;
     rb_trace_arg_t *arg = rb_tracearg_from_tracepoint(tpval);
+    strobe_sigstack_recover(); /* its own handler left by a longjmp */
     /* Any thread, profiled or not: the process-wide timer's signal may
      * land on it, and as it ends Ruby frees its own alternate stack. */
     strobe_sampler_footing();

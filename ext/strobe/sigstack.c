@@ -34,21 +34,38 @@
  * process-wide timer's signal lands on it, or, on 3.1, one that raised or
  * was killed and leaves Ruby's cache 3 s later while sampled.
  *
- * The signal is not blocked while its handler runs (SA_NODEFER): a handler
- * left by a longjmp (Ruby's stack-overflow recovery, from a fault inside
- * it) would otherwise leave it blocked on that thread for good, and the
- * thread would never be sampled again. A second signal during a handler is
- * turned away by the guard instead.
+ * One handler frame per thread. The kernel blocks the signal on a thread
+ * while its handler runs there (not SA_NODEFER), so a handler never nests
+ * inside another: a signal arriving meanwhile waits, pending, and is
+ * delivered as the handler returns. With the signal not blocked, the
+ * process-wide timer nested handlers on one thread at 100 us, each frame
+ * about 3.3 KB with AVX-512 state, until they overflowed Ruby's 16 KiB
+ * alternate stack of a thread still starting ("overflowed sigaltstack",
+ * SIGSEGV: 4 runs of 4 on Ruby 4.0.5, 12 of 20 on 3.3.11, two at once).
+ *
+ * A handler left by a longjmp. Ruby's SIGSEGV handler takes a fault whose
+ * address is near the faulting code's stack pointer (or between it and its
+ * rbp) for a stack overflow and longjmps to the thread's last Ruby tag,
+ * unblocking SIGSEGV only (signal.c, reset_sigmask): a fault inside the
+ * sampling handler that looks so (its own stack is bounded now, but a
+ * fault at an address between its rsp and rbp looks the same) leaves it,
+ * with its signal still blocked on that thread. So the handler marks its
+ * thread (strobe_in_handler, a thread-local) while it runs, and code of that thread
+ * outside any handler that finds the mark knows its handler was left, and
+ * unblocks the signal (strobe_sigstack_recover): the GVL hooks, the thread
+ * hooks, the postponed jobs, start and Strobe.sample. A thread on which
+ * none of them runs (a single thread computing) is found by the timer
+ * thread, whose signal to it stays unanswered: it then triggers the
+ * postponed job, which runs on the thread holding the GVL (timer.c).
  *
  * The guard. guard_tid is the native thread holding it (0 free);
  * guard_frame, for a holder that is a signal handler, an address in that
- * handler's frame (0 for code outside a handler). A handler runs nested
- * inside another on the same stack only below it (stacks grow down), so a
- * handler that finds the guard held by a handler of its own thread at or
- * below its own frame knows that holder was left, and takes the guard over
- * with a compare-and-swap on the frame (one wins). Code outside any handler
- * (postponed jobs, GVL hooks) finds no handler of its own thread running
- * under it, so one holding the guard was left.
+ * handler's frame (0 for code outside a handler). Handlers never nest, so a
+ * handler that finds the guard held by a handler of its own thread knows
+ * that holder was left, and takes the guard over (a compare-and-swap on
+ * the frame). Code outside any handler (postponed jobs, GVL hooks) finds no
+ * handler of its own thread running under it, so one holding the guard
+ * was left too.
  *
  * Native frames (libunwind) need more than Ruby's 16 KiB: measured here,
  * up to 12.5 KiB of it, kernel signal frame included, which leaves too
@@ -58,8 +75,8 @@
  * (strobe_sigstack_room).
  *
  * Everything here is async-signal-safe except strobe_sigstack_ensure,
- * strobe_sigstack_after_fork and the Ruby test hooks, which run outside
- * handlers.
+ * strobe_sigstack_after_fork, strobe_sigstack_unblock_left and the Ruby
+ * test hooks, which run outside handlers.
  */
 #include "sigstack.h"
 #include "placement.h"
@@ -74,7 +91,11 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-static atomic_ulong reclaimed;
+static atomic_ulong reclaimed, recovered;
+
+/* Set while a sampling handler runs on this thread (strobe_sigstack_enter,
+ * _leave): still set outside any handler, it was left by a longjmp. */
+__thread int strobe_in_handler __attribute__((tls_model("initial-exec")));
 
 /* ---- Strobe's own alternate stacks ----------------------------------------- */
 
@@ -194,7 +215,21 @@ strobe_sigstack_room(const void *frame, size_t need)
 int
 strobe_sigstack_handler_flags(void)
 {
-    return SA_SIGINFO | SA_RESTART | SA_ONSTACK | SA_NODEFER;
+    return SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+}
+
+int
+strobe_sigstack_unblock_left(void)
+{
+    strobe_in_handler = 0;
+    sigset_t ours;
+    sigemptyset(&ours);
+    sigaddset(&ours, STROBE_SIGNAL);
+    /* A signal pending meanwhile is delivered here: its handler takes over
+     * a guard the left one still holds (strobe_guard_take_in_handler). */
+    pthread_sigmask(SIG_UNBLOCK, &ours, NULL);
+    atomic_fetch_add(&recovered, 1);
+    return 1;
 }
 
 int
@@ -203,14 +238,14 @@ strobe_guard_take_in_handler(strobe_thread_t *t, const void *frame)
     pid_t me = strobe_placement_self_tid();
     int holder = 0;
     if (atomic_compare_exchange_strong(&t->guard_tid, &holder, me)) {
-        /* Until this store a nested handler reads frame 0 and keeps off. */
+        /* (Nothing else of this thread runs before this store.) */
         atomic_store(&t->guard_frame, (uintptr_t)frame);
         return 1;
     }
     if (holder != me) return 0;
     uintptr_t held = atomic_load(&t->guard_frame);
     if (held == 0) return 0; /* code outside a handler holds it */
-    if ((uintptr_t)frame < held) return -1; /* we run nested in the handler holding it */
+    /* A handler of this thread, which cannot be running under this one. */
     if (!atomic_compare_exchange_strong(&t->guard_frame, &held, (uintptr_t)frame)) return 0;
     atomic_fetch_add(&reclaimed, 1);
     return 1;
@@ -318,18 +353,25 @@ native_signal_stack_used(VALUE self)
 }
 
 /* Strobe::Native.guards_reclaimed: guards taken back from handlers left
- * by a longjmp. */
+ * by a longjmp; Strobe::Native.handlers_recovered: threads whose signal a
+ * left handler had kept blocked, unblocked since. */
 static VALUE
 native_guards_reclaimed(VALUE self)
 {
     return ULONG2NUM(strobe_guard_reclaimed());
 }
 
+static VALUE
+native_handlers_recovered(VALUE self)
+{
+    return ULONG2NUM(atomic_load(&recovered));
+}
+
 /* Strobe::Native.leave_a_handler: while profiling, signals the calling
  * thread and makes its handler longjmp out once it holds the guard, as
  * Ruby's stack-overflow recovery does from a fault inside it (_longjmp:
- * the signal mask is left as the handler had it). Returns whether a
- * handler was left. */
+ * the signal mask is left as the handler had it, the signal blocked).
+ * Returns whether a handler was left. */
 static jmp_buf *leave_to;
 static _Atomic pid_t leave_tid;
 
@@ -361,5 +403,6 @@ strobe_sigstack_define(VALUE mNative)
     rb_define_singleton_method(mNative, "signal_stack_paint", native_signal_stack_paint, 0);
     rb_define_singleton_method(mNative, "signal_stack_used", native_signal_stack_used, 0);
     rb_define_singleton_method(mNative, "guards_reclaimed", native_guards_reclaimed, 0);
+    rb_define_singleton_method(mNative, "handlers_recovered", native_handlers_recovered, 0);
     rb_define_singleton_method(mNative, "leave_a_handler", native_leave_a_handler, 0);
 }

@@ -9,9 +9,25 @@
 
 /* Flags the handler is installed with: on the thread's alternate signal
  * stack (Strobe's own, or Ruby's on a thread Strobe has not run on yet),
- * and without blocking its own signal while it runs, so a handler left by a
- * longjmp leaves nothing blocked. */
+ * its own signal blocked while it runs, so a thread holds one handler
+ * frame at most. */
 int strobe_sigstack_handler_flags(void);
+
+/* The handler marks its thread while it runs (first and last thing it
+ * does): a mark found outside any handler was left by a longjmp. */
+extern __thread int strobe_in_handler __attribute__((tls_model("initial-exec")));
+static inline void strobe_sigstack_enter(void) { strobe_in_handler = 1; }
+static inline void strobe_sigstack_leave(void) { strobe_in_handler = 0; }
+/* Outside any handler, on the calling thread: when a handler of this
+ * thread was left by a longjmp with the signal blocked, unblocks it (a
+ * pending one is handled before this returns) and returns 1; else 0, at
+ * the cost of one thread-local load. */
+int strobe_sigstack_unblock_left(void);
+static inline int
+strobe_sigstack_recover(void)
+{
+    return strobe_in_handler ? strobe_sigstack_unblock_left() : 0;
+}
 
 /* The size of the alternate stacks Strobe gives threads that sample native
  * frames, and what a native walk needs on it (sigstack.c says why). */
@@ -32,11 +48,9 @@ int strobe_sigstack_room(const void *frame, size_t need);
 /* The guard: one capture at a time into thread t's scratch buffers.
  * Async-signal-safe. Taking it from a signal handler: frame is an address
  * in the handler's frame (a local's); another handler of the same native
- * thread that holds it was left (longjmp) when this one does not run
- * nested inside it, and is taken over. Returns 1 when taken, -1 when this
- * handler interrupted the handler holding it on this thread (its tick is
- * taken by that one as it ends: strobe_guard_owe_nested), 0 when held
- * otherwise (the caller counts a missed sample). */
+ * thread that holds it was left (longjmp: handlers do not nest), and is
+ * taken over. Returns 1 when taken, 0 when held (the caller counts a
+ * missed sample). */
 int strobe_guard_take_in_handler(strobe_thread_t *t, const void *frame);
 /* Taking it outside any handler (a postponed job, a hook, Strobe.sample):
  * one held by a handler of the calling native thread was left, since no
@@ -52,7 +66,7 @@ void strobe_guard_reclaim(strobe_thread_t *t);
 void strobe_sigstack_leave_if_asked(void);
 
 /* The test hooks (Strobe::Native): painting and measuring the alternate
- * stack, the guards reclaimed, leaving a handler. */
+ * stack, the guards reclaimed and threads recovered, leaving a handler. */
 void strobe_sigstack_define(VALUE mNative);
 
 #endif

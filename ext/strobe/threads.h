@@ -34,9 +34,9 @@ typedef struct {
     atomic_int mobile;       /* Ruby schedules it M:N: attached only while it holds the GVL */
     uint16_t index;          /* position in the registry */
     VALUE thread;            /* the Ruby Thread while it runs (marked), else Qnil */
+    VALUE alive_lock;        /* before Ruby 3.3: a Mutex it holds while its Ruby code runs (marked), 0 none */
     atomic_int guard_tid;    /* re-entry guard (sigstack.c): native thread holding it, 0 none */
     atomic_uintptr_t guard_frame; /* the holding handler's frame, 0 for code outside a handler */
-    atomic_int nested_tick;  /* a signal came during its handler, which samples once more */
     atomic_int in_gc;        /* it runs a GC the GC hooks count (gcspan.c) */
     atomic_int deferred;     /* a sample is owed at the next safe point (JIT, see handler.c) */
     atomic_int not_ruby;     /* its kernel thread runs no Ruby thread (ended, parked in Ruby's thread cache) */
@@ -87,6 +87,15 @@ strobe_thread_t *strobe_threads_of(VALUE thread);
  * 3.3; with STROBE_FOLLOWS_RUBY_THREADS it asks Ruby for the current thread
  * and must not be called from the handler. */
 strobe_thread_t *strobe_threads_self(void);
+/* Before Ruby 3.3, GVL held, on t's own thread: t holds a Mutex of its
+ * own from now until its Ruby code ends, which Ruby releases as the thread
+ * dies, however it dies (it fires THREAD_END only for a normal return),
+ * before it frees the thread's frames. Nothing on 3.3+. */
+void strobe_threads_watch_end(strobe_thread_t *t);
+/* Async-signal-safe, in a handler on t's own native thread: whether t's
+ * Ruby code has ended (its Mutex released); 0 on 3.3+, whose THREAD_END
+ * comes for every thread, and for a thread not watched. */
+int strobe_threads_ended(const strobe_thread_t *t);
 /* Makes t DEAD: nothing signals it any more (a thread found gone, or
  * retired by strobe_threads_add; the timer calls it under the lock). */
 void strobe_threads_end(strobe_thread_t *t);

@@ -166,15 +166,22 @@ parked(const strobe_thread_t *t)
 
 /* Timer thread: whether t's last signal (or, without signals in :wall mode,
  * its last owed sample) is still to be handled, for fewer than
- * STROBE_PENDING_TICKS ticks so far (then it is taken as lost). An M:N
- * thread that left the GVL since is not waited for: its stack is noted
- * (as parked). */
+ * STROBE_PENDING_TICKS ticks so far. Then it is taken as lost, and *lost
+ * set: a signal goes unanswered that long only while the thread blocks
+ * it, which a handler left by a longjmp does (sigstack.c) until code of
+ * that thread outside any handler unblocks it; a thread that only computes
+ * runs none but the postponed job the caller then triggers (it runs on
+ * the thread holding the GVL). An M:N thread that left the GVL since is
+ * not waited for: its stack is noted (as parked). */
 static int
-pending(strobe_thread_t *t)
+pending(strobe_thread_t *t, int *lost)
 {
     uint32_t handled = atomic_load_explicit(&t->handled, memory_order_acquire);
     if ((int32_t)(t->sent - handled) > 0 && atomic_load(&t->mobile) && parked(t)) t->sent = handled;
-    return (int32_t)(t->sent - handled) > 0 && ++t->pending_ticks < STROBE_PENDING_TICKS;
+    if ((int32_t)(t->sent - handled) <= 0) return 0;
+    if (++t->pending_ticks < STROBE_PENDING_TICKS) return 1;
+    *lost = 1;
+    return 0;
 }
 
 static void *
@@ -210,7 +217,7 @@ timer_main(void *arg)
         strobe_profile_locked(strobe_sampler_drain, NULL);
         if (++ticks % reclaim_every == 0) strobe_threads_reclaim();
 
-        int n = strobe_threads_len(), live = 0, idle_len = 0, job = 0;
+        int n = strobe_threads_len(), live = 0, idle_len = 0, job = 0, lost = 0;
         int gc_elsewhere = strobe_gcspan_under_way();
         tick_tids_len = 0;
         int64_t now_us = strobe_now_us();
@@ -238,19 +245,17 @@ timer_main(void *arg)
                     idle_threads[idle_len++] = t;
                     continue;
                 }
-                /* Its last signal is not handled yet: its handler may be
-                 * running, and with the signal not blocked there (see
-                 * sigstack.c) another would nest in it. Delivering and
-                 * handling a signal costs the thread CPU time too: at a
-                 * short interval on a slow machine (sanitizers) each
-                 * handler used an interval, and handlers nested until
-                 * they overflowed the alternate stack. This one is missed. */
-                if (!strobe_sampler.safepoint_timer && pending(t)) {
+                /* Its last signal is not handled yet (delivering and
+                 * handling one costs the thread CPU time too: at a short
+                 * interval on a slow machine, sanitizers, each handler
+                 * used an interval). SIGURG does not queue: another would
+                 * be dropped, so this one is missed. */
+                if (!strobe_sampler.safepoint_timer && pending(t, &lost)) {
                     strobe_profile_add_missed(1);
                     continue;
                 }
             } else {
-                if (pending(t)) {
+                if (pending(t, &lost)) {
                     strobe_profile_add_missed(1); /* its last signal is not handled yet */
                     /* Without signals, the job may have run on another
                      * thread: ask for it again (harmless if pending). */
@@ -290,7 +295,7 @@ timer_main(void *arg)
         strobe_threads_unlock();
         /* From this thread, which is no Ruby thread: Ruby delivers the job
          * to the thread that holds (or last held) the GVL. */
-        if (job) strobe_sampler_trigger_sample_job();
+        if (job || lost) strobe_sampler_trigger_sample_job();
         /* Late by more than an interval (machine busy): do not burst, but
          * in wall mode every tick skipped is a sample owed, so count it as
          * missed rather than let the rate drop silently. (In CPU mode the

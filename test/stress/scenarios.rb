@@ -244,6 +244,45 @@ module StressScenarios
       save!
       raise "registry kept ended threads" unless Strobe::Native.thread_registry[:live] <= 2
     RUBY
+    # Threads starting and ending under the process-wide timer at 100 us:
+    # its signal lands on any thread, one still starting on Ruby's 16 KiB
+    # alternate stack among them (handlers nested there until it overflowed
+    # when they did not block their signal).
+    "process_timer_thread_churn" => { code: <<~RUBY },
+      %i[wall cpu].each do |mode|
+        Strobe.start(mode: mode, interval: 100, timer: :process, raw: true)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.5
+        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          8.times.map { |i| Thread.new { fib(10); i } }.each(&:join)
+        end
+        Strobe.stop
+      end
+      save!
+    RUBY
+    # Threads that raise or are killed, which Ruby 3.1 ends without
+    # THREAD_END: they must not be read as they free their frames ([BUG]
+    # in rb_profile_frames, under the process-wide timer mostly), under
+    # either timer.
+    "raising_thread_churn" => { code: <<~RUBY },
+      [%i[wall process], %i[cpu process], %i[wall threads]].each do |mode, timer|
+        Strobe.start(mode: mode, interval: 100, timer: timer, raw: true)
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.3
+        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          threads = 8.times.map do |i|
+            Thread.new do
+              Thread.current.report_on_exception = false
+              fib(8)
+              raise "ends by raising" if i.odd?
+              Thread.current.kill if i % 4 == 2
+              i
+            end
+          end
+          threads.each { |t| t.join rescue nil }
+        end
+        Strobe.stop
+      end
+      save!
+    RUBY
     "deep_recursion" => { code: <<~RUBY },
       def descend(n) = n.zero? ? churn(0.3) : descend(n - 1)
       r = Strobe.run(mode: :cpu, interval: 100, raw: true) { descend(10_000) }
