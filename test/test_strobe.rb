@@ -324,6 +324,34 @@ class TestStrobe < Minitest::Test
     first_stack = result[:raw][1, result[:raw][0]].map { |id| result[:frames].fetch(id)[:name] }
     assert_includes first_stack, "Workload.inner", "frames sampled before compaction still resolve"
   end
+
+  # A start calls Ruby (Thread.list, each thread's status), where Ruby may
+  # switch threads. A start from the thread switched to found the sampler
+  # not running yet and started a timer thread of its own; the first start
+  # then set up the timer's lock and condition again under it, and the next
+  # stop hung for good in pthread_cond_destroy (the middleware's takeovers
+  # under ASan, and the review's request threads racing Strobe.run). A
+  # TracePoint switches threads there on purpose: that start is refused.
+  def test_a_start_from_a_thread_switched_to_inside_a_start_is_refused
+    code = <<~RUBY
+      main = Thread.current
+      inner = :not_called
+      tp = TracePoint.new(:c_call) do |t|
+        next unless t.method_id == :list && Thread.current == main && inner == :not_called
+
+        inner = :calling
+        inner = Thread.new { Strobe.start(mode: :wall, interval: 1000) }.value
+      end
+      tp.enable
+      outer = Strobe.start(mode: :wall, interval: 1000)
+      tp.disable
+      sleep 0.05
+      Strobe.stop
+      result = Strobe.results
+      p [outer, inner, result[:samples] > 0]
+    RUBY
+    assert_ruby_prints "[true, false, true]\n", "require 'strobe'\n#{code}", timeout: 30
+  end
 end
 
 class TestStrobeOptions < Minitest::Test
@@ -437,4 +465,5 @@ class TestJitKey < Minitest::Test
     skip "this Ruby has no ZJIT (Ruby 4.0+ built with it)" unless jit_available?("--zjit", "ZJIT")
     assert_equal [":zjit"], jit_key("--zjit")
   end
+
 end

@@ -121,27 +121,38 @@ running(void)
     return strobe_sampler_running() || strobe_trace_running();
 }
 
+/* GVL held: set while a start runs. A start calls Ruby (Thread.list, each
+ * thread's status), where Ruby may switch threads: a start from the thread
+ * switched to found the sampler not running yet, started a timer thread of
+ * its own, and the first then initialised the timer's lock and condition
+ * again under it (a later stop hung for good in pthread_cond_destroy, in
+ * the suite under ASan). Such a start is refused, as while it runs. */
+static int starting;
+
+struct start_args {
+    VALUE mode, interval, raw, aggregate, ignore_gc, threads, timer, native;
+};
+
 static VALUE
-native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
-             VALUE timer, VALUE native)
+start_sampler(VALUE arg)
 {
-    if (running() || run_collecting) return Qfalse;
+    const struct start_args *a = (const struct start_args *)arg;
     if (strobe_trace_active()) rb_raise(eStrobeError, "a trace is waiting for its results: call Strobe.results first");
-    strobe_mode_t m = mode_from_sym(mode);
-    long iv = NIL_P(interval) ? 0 : NUM2LONG(interval);
+    strobe_mode_t m = mode_from_sym(a->mode);
+    long iv = NIL_P(a->interval) ? 0 : NUM2LONG(a->interval);
     if ((m == STROBE_MODE_WALL || m == STROBE_MODE_CPU) && (iv < 1 || iv > 1000000))
         rb_raise(rb_eArgError, "interval is a number of microseconds from 1 to 1000000, got %ld", iv);
     if (m == STROBE_MODE_OBJECT && iv < 1)
         rb_raise(rb_eArgError, "interval for :object mode must be at least 1, got %ld", iv);
 
-    threads = threads_arg(threads);
+    VALUE threads = threads_arg(a->threads);
     strobe_profile_drop_inherited(); /* a forked child starts its own */
     int fresh = !strobe_profile.active;
-    strobe_profile_begin(m, iv, RTEST(raw), RTEST(aggregate), RTEST(ignore_gc));
-    strobe_timer_t t = timer == strobe_sym("process")      ? STROBE_TIMER_PROCESS
-                     : timer == strobe_sym("safepoints") ? STROBE_TIMER_SAFEPOINTS
-                                                         : STROBE_TIMER_THREADS;
-    const char *err = strobe_sampler_start(m, iv, threads, t, RTEST(native));
+    strobe_profile_begin(m, iv, RTEST(a->raw), RTEST(a->aggregate), RTEST(a->ignore_gc));
+    strobe_timer_t t = a->timer == strobe_sym("process")      ? STROBE_TIMER_PROCESS
+                     : a->timer == strobe_sym("safepoints") ? STROBE_TIMER_SAFEPOINTS
+                                                            : STROBE_TIMER_THREADS;
+    const char *err = strobe_sampler_start(m, iv, threads, t, RTEST(a->native));
     if (err) {
         if (fresh) strobe_profile_clear();
         rb_raise(eStrobeError, "cannot start profiling: %s", err);
@@ -150,13 +161,31 @@ native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate,
     return Qtrue;
 }
 
+static VALUE
+end_starting(VALUE unused)
+{
+    (void)unused;
+    starting = 0;
+    return Qnil;
+}
+
+static VALUE
+native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
+             VALUE timer, VALUE native)
+{
+    if (running() || run_collecting || starting) return Qfalse;
+    struct start_args a = { mode, interval, raw, aggregate, ignore_gc, threads, timer, native };
+    starting = 1;
+    return rb_ensure(start_sampler, (VALUE)&a, end_starting, Qnil);
+}
+
 /* Strobe::Native.trace_start(cpu, threads, names, paths, patterns) ->
  * bool: mode :trace (trace.c); false when already running. names, paths
  * and patterns: exclude:'s Strings, path prefixes and Regexps (Arrays). */
 static VALUE
 native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns)
 {
-    if (running() || run_collecting) return Qfalse;
+    if (running() || run_collecting || starting) return Qfalse;
     strobe_profile_drop_inherited();
     if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
     Check_Type(names, T_ARRAY);

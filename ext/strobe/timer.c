@@ -335,6 +335,9 @@ strobe_sampler_timer_cpu_ns(void)
 int
 strobe_sampler_timer_start(void)
 {
+    /* One timer thread at a time: initialising its lock and condition
+     * again under a running one corrupts both. */
+    if (T.timer_started) return 0;
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
