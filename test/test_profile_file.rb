@@ -496,15 +496,15 @@ class TestProfileFile < Minitest::Test
   def test_a_special_file_planted_by_another_user_is_refused
     skip "needs root, to give the files to another user" unless Process.euid.zero?
 
-    shared, fifo, device = planted_specials
+    _, fifo, device = planted_specials
     result = profile
     [fifo, device].each do |path|
       outcome = in_child { Strobe.save(result, path) }
       assert_equal :raised, outcome[0], "the save to #{path} #{outcome[0]}"
       assert_equal "Strobe::AtomicFile::Refused", outcome[1]
       kind = path == fifo ? "FIFO" : "character device"
-      assert_equal "Operation not permitted - #{path}: a #{kind} of uid 65534's in #{shared}, a directory " \
-                   "anyone can write to: not written (another user may have put it there)", outcome[2]
+      assert_equal "Operation not permitted - #{path}: a #{kind} of uid 65534's, neither this process's user " \
+                   "nor root: not written (another user may have put it there)", outcome[2]
     end
     # The planter reading: nothing reaches it.
     read = read_fifo(fifo) { assert_equal :raised, in_child { Strobe.save(result, fifo) }[0] }
@@ -531,8 +531,8 @@ class TestProfileFile < Minitest::Test
     Strobe.save(profile, saved)
     err = StringIO.new
     outcome = in_child { [Strobe::CLI.new(["report", saved, "-o", fifo], out: StringIO.new, err: err).run, err.string] }
-    assert_equal [:returned, [1, "strobe: cannot write #{fifo}: a FIFO of uid 65534's in #{shared}, a directory " \
-                                 "anyone can write to: not written (another user may have put it there)\n"]], outcome
+    assert_equal [:returned, [1, "strobe: cannot write #{fifo}: a FIFO of uid 65534's, neither this process's " \
+                                 "user nor root: not written (another user may have put it there)\n"]], outcome
 
     plant = "path = File.join(ENV['STROBE_OUT_DIR'], \"\#{Process.pid}.json\"); File.mkfifo(path); " \
             "File.chown(65534, 65534, path)"
@@ -540,8 +540,102 @@ class TestProfileFile < Minitest::Test
     assert status.success?, err
     lines = err.lines.grep(/could not write/)
     assert_equal 1, lines.size, err
-    assert_match(%r{\Astrobe: could not write the profile to #{Regexp.escape(shared)}/\d+\.json: a FIFO of uid 65534's in },
+    assert_match(%r{\Astrobe: could not write the profile to #{Regexp.escape(shared)}/\d+\.json: a FIFO of uid 65534's, },
                  lines[0])
+  end
+
+  # A directory of another user's (nobody's 0755 STROBE_OUT_DIR, made
+  # before the process started) is theirs to fill: a FIFO they put there,
+  # opened for reading and never read, is refused at once, and nothing
+  # reaches it (before, the directory was trusted as not world-writable and
+  # the save waited for good once the pipe was full).
+  def test_a_fifo_in_a_directory_of_another_users_is_refused
+    skip "needs root, to give the directory to another user" unless Process.euid.zero?
+
+    theirs = File.join(@dir, "theirs")
+    Dir.mkdir(theirs, 0o755)
+    File.chown(65_534, 65_534, theirs)
+    fifo = File.join(theirs, "#{Process.pid}.json")
+    File.mkfifo(fifo, 0o600)
+    File.chown(65_534, 65_534, fifo)
+    File.open(fifo, File::RDONLY | File::NONBLOCK) do |reader| # never reads
+      outcome = in_child { Strobe::AtomicFile.write(fifo) { |io| io.write("p" * (1 << 20)) } }
+      assert_equal [:raised, "Strobe::AtomicFile::Refused",
+                    "Operation not permitted - #{fifo}: a FIFO of uid 65534's, neither this process's user nor root: " \
+                    "not written (another user may have put it there)"], outcome
+      assert_nil reader.read_nonblock(1, exception: false), "nothing written (EOF: no writer left)"
+    end
+    assert File.pipe?(fifo), "left as it was"
+  end
+
+  # Another user flips the target, in a sticky directory anyone can write
+  # to, between a hard link to its own FIFO (kept in a directory of its
+  # own) and a symlink to it, while saves run: whatever the path shows from
+  # one look-up to the next, the descriptor the save opens decides, and no
+  # profile reaches the FIFO (before, 1 save in 6 or so was written into it).
+  def test_a_target_flipped_between_link_and_symlink_never_reaches_a_fifo
+    skip "needs root, to run another user's process" unless Process.euid.zero?
+
+    File.chmod(0o755, @dir)
+    shared = File.join(@dir, "shared")
+    Dir.mkdir(shared)
+    File.chmod(0o1777, shared)
+    own = File.join(@dir, "own")
+    Dir.mkdir(own, 0o755)
+    File.chown(65_534, 65_534, own)
+    rounds = 200
+    go_rd, go_wr = IO.pipe
+    told_rd, told_wr = IO.pipe
+    attacker = fork do
+      go_wr.close
+      told_rd.close
+      Process::GID.change_privilege(65_534)
+      Process::UID.change_privilege(65_534)
+      fifo = File.join(own, "fifo")
+      File.mkfifo(fifo, 0o666)
+      read = 0
+      Thread.new { loop { File.open(fifo) { |f| read += 1 unless f.read.empty? } } }
+      rounds.times do |i|
+        break unless go_rd.read(1) # the saves are over
+
+        target = File.join(shared, "p#{i}.json")
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.05
+        flips = 0
+        while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          planted = File.join(shared, ".planted#{flips += 1}")
+          flips.odd? ? File.link(fifo, planted) : File.symlink(fifo, planted)
+          begin
+            File.rename(planted, target)
+          rescue SystemCallError # the save's file, root's, took its place
+            File.unlink(planted)
+            break
+          end
+        end
+      end
+      sleep 0.2 # the last save's data, if any, read
+      told_wr.write(read.to_s)
+      exit!(0)
+    end
+    go_rd.close
+    told_wr.close
+    rounds.times do |i|
+      go_wr.write("g")
+      sleep(0.005 + rand * 0.03)
+      begin
+        Strobe::AtomicFile.write(File.join(shared, "p#{i}.json")) { |io| io.write("profile #{i}\n" * 100) }
+      rescue Strobe::AtomicFile::Refused, Strobe::AtomicFile::Unread
+        nil # the attacker's FIFO, seen on the descriptor
+      end
+    end
+    go_wr.close
+    assert_equal "0", told_rd.read, "profiles read out of the attacker's FIFO"
+  ensure
+    told_rd&.close
+    go_wr&.close
+    if attacker && !Process.wait(attacker, Process::WNOHANG)
+      Process.kill(:KILL, attacker)
+      Process.wait(attacker)
+    end
   end
 
   # What an operator writes to on purpose still works: /dev/null, and a

@@ -28,20 +28,27 @@ module Strobe
   # On any failure, the block's included, the temporary file is removed and
   # the error raised; the target is left as it was.
   #
-  # A target that is not a regular file but a character device, a FIFO or a
-  # socket (/dev/null, /dev/stdout, a named pipe someone reads) is written
-  # in place instead: renaming over it would replace the device with a
-  # regular file (as root, /dev/stdout itself). Through a symlink only if
-  # the link's directory is not writable by everyone, where another user
-  # could have planted it (such a link is replaced). Such a file is refused
-  # (Refused) when it belongs to neither this process's user nor root and
-  # lies in a directory anyone can write to (/tmp, /dev/shm): someone else
-  # may have put it there, to read the profile or to make the save wait for
-  # good. It is opened without waiting (O_NONBLOCK): a FIFO no process reads
-  # is an error (Unread), not a wait for a reader. Once open, it is written
-  # as any file descriptor is (blocking again): a reader of the operator's
-  # that stops reading holds the save, as with any pipe. A block device is
-  # refused.
+  # What is at the target is decided on the descriptor, not on path
+  # look-ups another user could change in between. The target is opened
+  # for writing without creating it, waiting or taking a terminal
+  # (O_WRONLY | O_NONBLOCK | O_NOCTTY), and without following a symlink
+  # (O_NOFOLLOW) when its directory is untrusted: writable by everyone, or
+  # owned by neither this process's user nor root. Then fstat says:
+  # - nothing there (ENOENT), a symlink in an untrusted directory (ELOOP),
+  #   or a regular file: it is replaced by the rename above;
+  # - a FIFO, character device or socket of this process's user or root
+  #   (/dev/null, /dev/stdout, /dev/fd/N, a named pipe of one's own) is
+  #   written in place: a rename would replace the device with a regular
+  #   file (as root, /dev/stdout itself);
+  # - one of another user's, wherever it lies, is refused (Refused, naming
+  #   the path, its type and its owner): they may have put it there to read
+  #   the profile or to make the save wait for good;
+  # - a block device is refused.
+  # A FIFO no process reads, or a socket (open(2) opens none), is an error
+  # (Unread; Refused if another user's), not a wait for a reader.
+  # Once open, a special file is written as any descriptor is (blocking
+  # again): a reader of the operator's that stops reading holds the save,
+  # as with any pipe.
   module AtomicFile
     # A target not written, for a reason its message gives after the path
     # (#reason: the reason alone, for callers that name the path already).
@@ -78,8 +85,8 @@ module Strobe
     # String or anything with #to_path). Returns path as a String.
     def write(path, &block)
       path = path.respond_to?(:to_path) ? path.to_path : path.to_s
-      stat = special(path)
-      return write_in_place(path, stat, &block) if stat
+      file = special(path)
+      return write_in_place(path, file, &block) if file
 
       file, temp = create(path)
       done = false
@@ -95,71 +102,79 @@ module Strobe
       path
     end
 
-    # The File::Stat of the device, FIFO or socket path names, to be written
-    # in place (see above); nil for anything else. Raises for a block device,
-    # and Refused for a special file someone else may have planted.
+    OPEN = File::WRONLY | File::NONBLOCK | (defined?(File::NOCTTY) ? File::NOCTTY : 0)
+    NOFOLLOW = defined?(File::NOFOLLOW) ? File::NOFOLLOW : 0
+    # What a target that is absent, a symlink not to follow, or not ours to
+    # open is: one the rename replaces (or fails on, with its own error).
+    RENAMED = [Errno::ENOENT, Errno::ELOOP, Errno::ENOTDIR, Errno::EACCES, Errno::EISDIR, Errno::ETXTBSY].freeze
+
+    # The device, FIFO or socket at path, open for writing, blocking again
+    # (see above); nil for what the rename is to replace. Raises Refused or
+    # Unread for what is not to be written.
     def special(path)
-      stat = File.stat(path) # through a symlink
-      raise Errno::EINVAL, "#{path} is a block device" if stat.blockdev?
-      return nil unless stat.chardev? || stat.pipe? || stat.socket?
-      return nil if File.symlink?(path) && shared_directory?(File.dirname(path)) # replaced, not followed
-
-      refuse_planted(path, stat)
-      stat
-    rescue Errno::ENOENT, Errno::ENOTDIR, Errno::ELOOP, Errno::EACCES
-      nil
-    end
-
-    # Raises Refused if the special file stat (path's) belongs to neither
-    # this process's user nor root and lies in a directory anyone can write
-    # to. Where it lies: its real path's directory. A pipe or socket named
-    # through /proc (/dev/stdout, /dev/fd/N) has none, nor can anyone plant it.
-    def refuse_planted(path, stat)
-      return if stat.uid == Process.euid || stat.uid.zero?
-
-      dir = begin
-        File.dirname(File.realpath(path))
-      rescue SystemCallError
-        return
+      trusted = trusted_directory?(File.dirname(path))
+      file = begin
+        File.new(path, OPEN | (trusted ? 0 : NOFOLLOW), binmode: true)
+      rescue *RENAMED
+        return nil
+      rescue Errno::ENXIO
+        raise unread(path, trusted)
       end
-      return unless shared_directory?(dir)
+      begin
+        stat = file.stat
+        return file.close if stat.file?
 
-      raise Refused.new(path, "a #{KINDS.fetch(stat.ftype, stat.ftype)} of uid #{stat.uid}'s in #{dir}, a directory " \
-                              "anyone can write to: not written (another user may have put it there)")
+        refuse(path, stat)
+        file.fcntl(Fcntl::F_SETFL, file.fcntl(Fcntl::F_GETFL) & ~File::NONBLOCK)
+        file
+      rescue StandardError
+        file.close
+        raise
+      end
     end
 
-    KINDS = { "fifo" => "FIFO", "characterSpecial" => "character device" }.freeze
-
-    def shared_directory?(dir)
-      File.stat(dir).world_writable?
+    # Where another user cannot have put the target: a directory writable
+    # by its owner only at most, who is this process's user or root.
+    def trusted_directory?(dir)
+      stat = File.stat(dir)
+      !stat.world_writable? && (stat.uid == Process.euid || stat.uid.zero?)
     rescue SystemCallError
       false
     end
 
-    IN_PLACE = File::WRONLY | File::NONBLOCK | (defined?(File::NOCTTY) ? File::NOCTTY : 0)
+    KINDS = { "fifo" => "FIFO", "characterSpecial" => "character device", "blockSpecial" => "block device",
+              "socket" => "socket" }.freeze
 
-    # Opens the special file stat describes without waiting for a reader,
-    # checks that it is still that file, and yields it, blocking again.
-    def write_in_place(path, stat)
-      file = begin
-        File.new(path, IN_PLACE, binmode: true)
-      rescue Errno::ENXIO
-        raise unless stat.pipe? || stat.socket?
+    # Raises Refused unless stat (an open special file's) is a FIFO, a
+    # character device or a socket of this process's user or root.
+    def refuse(path, stat)
+      kind = KINDS.fetch(stat.ftype, stat.ftype)
+      raise Refused.new(path, "a #{kind}: not written") if stat.blockdev?
+      return if stat.uid == Process.euid || stat.uid.zero?
 
-        raise Unread.new(path, stat.pipe? ? "a FIFO that no process is reading" : "a socket, not a file to write")
-      end
-      begin
-        opened = file.stat
-        unless opened.dev == stat.dev && opened.ino == stat.ino
-          raise Refused.new(path, "replaced by another file while it was being opened: not written")
-        end
+      raise Refused.new(path, "a #{kind} of uid #{stat.uid}'s, neither this process's user nor root: not written " \
+                              "(another user may have put it there)")
+    end
 
-        file.fcntl(Fcntl::F_SETFL, file.fcntl(Fcntl::F_GETFL) & ~File::NONBLOCK)
-        yield file
-      ensure
-        file.close
-      end
+    # The error for path, which open(2) found to be a FIFO no process reads
+    # or a socket. Only which of the two, and whose, is looked up by path,
+    # for the message: nothing is written either way.
+    def unread(path, trusted)
+      stat = trusted ? File.stat(path) : File.lstat(path)
+      refuse(path, stat) if stat.pipe? || stat.socket?
+      Unread.new(path, stat.socket? ? "a socket, not a file to write" : "a FIFO that no process is reading")
+    rescue Refused => e # (an Errno::EPERM)
+      e
+    rescue SystemCallError
+      Unread.new(path, "a FIFO that no process is reading")
+    end
+
+    # Writes the special file special opened, and closes it.
+    def write_in_place(path, file)
+      yield file
       path
+    ensure
+      file.close
     end
 
     # [a new file opened for writing, its path], next to path.
