@@ -652,6 +652,40 @@ class TestProfileFile < Minitest::Test
     end
   end
 
+  # A descriptor the process holds is the operator's to hand over: written
+  # through, sharing its offset, whoever owns what it reaches (a user's
+  # pipe under sudo) and whatever it is. Before, /dev/stdout redirected to
+  # a regular file was renamed over (as root: the system's /dev/stdout
+  # replaced by a file), and another user's pipe held as /dev/fd/N refused.
+  def test_descriptors_the_process_holds_are_written_through
+    out = File.join(@dir, "out.txt")
+    code = <<~RUBY
+      $stdout.reopen(#{out.inspect}, "w")
+      print "before "
+      Strobe::AtomicFile.write("/dev/stdout") { |io| io.write("PROFILE ") }
+      print "after"
+    RUBY
+    _, err, status = run_ruby("require 'strobe'\n#{code}")
+    assert status.success?, err
+    assert_equal "before PROFILE after", File.read(out)
+    assert File.symlink?("/dev/stdout"), "/dev/stdout is still the system's symlink"
+    skip "not root: cannot give a pipe to another user" unless Process.euid.zero?
+
+    IO.pipe do |rd, wr|
+      File.chown(65_534, 65_534, "/proc/self/fd/#{wr.fileno}")
+      assert_equal 65_534, File.stat("/proc/self/fd/#{wr.fileno}").uid
+      Strobe::AtomicFile.write("/dev/fd/#{wr.fileno}") { |io| io.write("theirs") }
+      wr.close
+      assert_equal "theirs", rd.read
+    end
+  ensure
+    # A regression must not leave the machine without its /dev/stdout.
+    if Process.euid.zero? && !File.symlink?("/dev/stdout")
+      File.unlink("/dev/stdout")
+      File.symlink("/proc/self/fd/1", "/dev/stdout")
+    end
+  end
+
   # Replaces AtomicFile.temp_path for the block with one returning names
   # in turn.
   def with_temp_names(names)

@@ -44,6 +44,12 @@ module Strobe
   #   the path, its type and its owner): they may have put it there to read
   #   the profile or to make the save wait for good;
   # - a block device is refused.
+  # A descriptor this process holds, named /dev/stdout, /dev/stderr,
+  # /dev/fd/N or /proc/self/fd/N, is the operator's to hand over: it is
+  # written through (a duplicate of it, sharing its offset), whoever owns
+  # what it reaches (`sudo strobe report -o /dev/stdout | less`: the user's
+  # pipe) and whatever it is (`> out.txt`: never renamed over, which as
+  # root replaced the system's /dev/stdout symlink).
   # A FIFO no process reads, or a socket (open(2) opens none), is an error
   # (Unread; Refused if another user's), not a wait for a reader.
   # Once open, a special file is written as any descriptor is (blocking
@@ -112,6 +118,9 @@ module Strobe
     # (see above); nil for what the rename is to replace. Raises Refused or
     # Unread for what is not to be written.
     def special(path)
+      held = held(path)
+      return held if held
+
       trusted = trusted_directory?(File.dirname(path))
       file = begin
         File.new(path, OPEN | (trusted ? 0 : NOFOLLOW), binmode: true)
@@ -131,6 +140,22 @@ module Strobe
         file.close
         raise
       end
+    end
+
+    HELD = %r{\A/(?:dev/(?:(stdout)|(stderr)|fd/(\d+))|proc/(?:self|(\d+))/fd/(\d+))\z}
+
+    # A duplicate of the descriptor path names, if it is one this process
+    # holds (see above), for writing; nil otherwise. What Ruby buffered
+    # for it is written first.
+    def held(path)
+      match = HELD.match(path)
+      return nil if match.nil? || (match[4] && match[4].to_i != Process.pid)
+
+      fd = match[1] ? 1 : match[2] ? 2 : (match[3] || match[5]).to_i
+      [$stdout, $stderr, STDOUT, STDERR].each { |io| io.flush if io.respond_to?(:fileno) && !io.closed? && io.fileno == fd }
+      IO.for_fd(fd, autoclose: false).dup.tap(&:binmode)
+    rescue Errno::EBADF
+      raise Errno::EBADF, "#{path}: not a descriptor this process has open"
     end
 
     # Where another user cannot have put the target: a directory writable
