@@ -12,12 +12,13 @@ require "zlib"
 # service); format=pprof takes the body as the profile, gzipped or not.
 # behaviour: :ok (200), :error (500 with Pyroscope's JSON error),
 # :unauthorized (401), :hang (reads the request and never answers, until
-# stopped).
+# stopped). With echo, the messages of :error and :unauthorized quote the
+# Authorization header received (as some servers and proxies do).
 class PyroscopeReceiver
   Upload = Struct.new(:path, :params, :app, :labels, :headers, :profile, :received_at)
 
   attr_reader :port, :uploads, :attempts
-  attr_accessor :behaviour
+  attr_accessor :behaviour, :echo
 
   def initialize(behaviour = :ok)
     @behaviour = behaviour
@@ -96,9 +97,9 @@ class PyroscopeReceiver
       @lock.synchronize { @held << socket }
       return
     when :error
-      return reply(socket, 500, '{"code":"internal","message":"store unavailable"}')
+      return reply(socket, 500, %({"code":"internal","message":"store unavailable#{echoed(headers)}"}))
     when :unauthorized
-      return reply(socket, 401, '{"code":"unauthenticated","message":"invalid credentials"}')
+      return reply(socket, 401, %({"code":"unauthenticated","message":"invalid credentials#{echoed(headers)}"}))
     end
     return reply(socket, 405, "") unless verb == "POST"
 
@@ -118,6 +119,10 @@ class PyroscopeReceiver
     nil
   ensure
     socket.close unless @behaviour == :hang || socket.closed?
+  end
+
+  def echoed(headers)
+    @echo ? ": #{headers['authorization']}".gsub("/", "\\/") : ""
   end
 
   def reply(socket, code, body)

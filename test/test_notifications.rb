@@ -147,9 +147,29 @@ class TestNotifications < Minitest::Test
       %q{SELECT a FROM t WHERE a = .5 AND b = 0xDEAD AND c = $$x$$ AND d = $q$y$q$ AND t1.c = $1} =>
         "SELECT a FROM t WHERE a = ? AND b = ? AND c = ? AND d = ? AND t1.c = $1",
       %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."id" = 42 AND x = 'a''b' LIMIT 10} =>
-        %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."id" = ? AND x = ? LIMIT ?},
+        %q{SELECT ?.? FROM ? WHERE ?.? = ? AND x = ? LIMIT ?},
     }.each { |sql, shape| assert_equal shape, Strobe::Notifications.sql_shape(sql), sql }
     assert_nil Strobe::Notifications.sql_shape(nil)
+  end
+
+  # What an adapter answers of itself (Active Record's adapter_name).
+  Adapter = Struct.new(:adapter_name)
+
+  # The payload's :connection names its dialect: "..." are names in
+  # PostgreSQL's and SQLite's, strings in MySQL's, and hidden when no
+  # adapter says (test_rails.rb sees a real SQLite adapter's).
+  def test_sql_is_read_in_its_connections_dialect
+    sql = %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."title" = "hunter2" AND id = 42}
+    {
+      Adapter.new("PostgreSQL") => %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."title" = "hunter2" AND id = ?},
+      Adapter.new("SQLite") => %q{SELECT "posts"."id" FROM "posts" WHERE "posts"."title" = "hunter2" AND id = ?},
+      Adapter.new("Mysql2") => "SELECT ?.? FROM ? WHERE ?.? = ? AND id = ?",
+      Adapter.new("SQLServer") => "SELECT ?.? FROM ? WHERE ?.? = ? AND id = ?",
+      Object.new => "SELECT ?.? FROM ? WHERE ?.? = ? AND id = ?",
+    }.each do |connection, shape|
+      _, data = Strobe::Notifications.describe("sql.active_record", { sql: sql, connection: connection })
+      assert_equal shape, data[:sql], connection.inspect
+    end
   end
 
   def test_sets_are_checked

@@ -48,7 +48,7 @@ class TestRedaction < Minitest::Test
     assert_equal ["Basic #{["user:#{PASSWORD}"].pack('m0')}"], uploads.map { |u| u.headers["authorization"] }.uniq,
                  "the URL's user and password authenticate the uploads"
 
-    { error: /HTTP 500 store unavailable/, unauthorized: /HTTP 401 invalid credentials/ }.each do |behaviour, said|
+    { error: /HTTP 500 store unavailable/, unauthorized: /HTTP 401 Unauthorized/ }.each do |behaviour, said|
       receiver.behaviour = behaviour
       err = autorun({ "STROBE_CONTINUOUS_URL" => url })
       assert_match(/could not upload a profile: #{said.source}/, err)
@@ -115,6 +115,36 @@ class TestRedaction < Minitest::Test
   ensure
     pull&.stop
     serve&.stop
+    receiver&.stop
+  end
+
+  # A store (or a proxy before it) whose error quotes the Authorization
+  # header it got: a refusal is told by its status only, any other error
+  # with the credentials as ***, on stderr and in stats[:last_error].
+  def test_an_answer_that_quotes_the_credentials_is_told_without_them
+    receiver = PyroscopeReceiver.new
+    receiver.echo = true
+    { unauthorized: "HTTP 401 Unauthorized", error: "HTTP 500 store unavailable: ***" }.each do |behaviour, told|
+      receiver.behaviour = behaviour
+      [{ bearer_token: TOKEN }, { basic_auth: ["user", PASSWORD] }, { url: "http://user:#{PASSWORD}@127.0.0.1:#{receiver.port}" }]
+        .each do |auth|
+        err = StringIO.new
+        Strobe::Continuous.start(**{ url: receiver.url, service_name: "s", upload_every: 1, err: err }.merge(auth))
+        last_error = nil
+        wait_until(30, -> { "no upload failed: #{err.string}" }) do
+          spin(0.05)
+          (last_error = Strobe::Continuous.stats[:last_error]) && err.string.include?("could not upload")
+        end
+        Strobe::Continuous.stop
+        context = "a store that answers #{behaviour} quoting #{auth.keys.first}"
+        assert_equal told, last_error, context
+        assert_includes err.string, "could not upload a profile: #{told}", context
+        refute_secrets(last_error, context)
+        refute_secrets(err.string, context)
+      end
+    end
+  ensure
+    Strobe::Continuous.stop
     receiver&.stop
   end
 

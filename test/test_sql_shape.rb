@@ -6,7 +6,7 @@ require "strobe/sql_shape"
 # The shape of SQL keeps no literal, whichever way the database quotes it
 # (issue 30, item 7): statements with random values quoted as PostgreSQL,
 # MySQL and SQLite quote them, each value carrying a token of its own that
-# its shape must not hold.
+# its shape must not hold, whether it is shaped knowing its dialect or not.
 class TestSQLShape < Minitest::Test
   ALNUM = [*"a".."z", *"A".."Z", *"0".."9"].freeze
   # What a value holds beside its token: e-mail addresses, quotes,
@@ -47,7 +47,10 @@ class TestSQLShape < Minitest::Test
       # MySQL reads too).
       escapes = { "\\" => "\\\\", "'" => @random.rand(4).zero? ? "''" : "\\'", '"' => '\\"', "\n" => "\\n",
                   "\r" => "\\r", "\0" => "\\0" }
-      "'#{value.gsub(/[\\'"\n\r\0]/, escapes)}'"
+      quote = @random.rand(3).zero? ? '"' : "'" # (MySQL reads "..." as a string)
+      # (a value alone in double quotes looks like a name)
+      value = value[/T\w{11}/] if quote == '"' && @random.rand(2).zero?
+      "#{quote}#{value.gsub(/[\\'"\n\r\0]/, escapes)}#{quote}"
     else
       "'#{value.gsub("'", "''")}'" # SQLite: standard only
     end
@@ -57,7 +60,22 @@ class TestSQLShape < Minitest::Test
     case @random.rand(dialect == :mysql ? 3 : 2)
     when 0 then "/* #{text.gsub('*/', '')} */"
     when 1 then "-- #{text.tr("\r\n", '  ')}\n"
-    else "# #{text.tr("\r\n", '  ')}\n"
+    else "#{['# ', '#', '#- ', '#> ', '#>> '][@random.rand(5)]}#{text.tr("\r\n", '  ')}\n"
+    end
+  end
+
+  # A number as people and drivers write them: plain, decimal, grouped
+  # with _ (PostgreSQL 16), hexadecimal, binary, octal.
+  def number
+    digits = @random.rand(10_000_000..99_999_999)
+    case @random.rand(7)
+    when 0 then digits.to_s
+    when 1 then "#{digits}.#{@random.rand(10..99)}"
+    when 2 then digits.to_s.reverse.scan(/\d{1,3}/).join("_").reverse
+    when 3 then "0#{'xX'[@random.rand(2)]}#{digits.to_s(16)}"
+    when 4 then "0#{'bB'[@random.rand(2)]}#{digits.to_s(2)}"
+    when 5 then "0#{'oO'[@random.rand(2)]}#{digits.to_s(8)}"
+    else "-#{digits}e#{@random.rand(1..9)}"
     end
   end
 
@@ -68,14 +86,14 @@ class TestSQLShape < Minitest::Test
       tokens << token
       literal(dialect, value(tokens.last))
     end
-    number = lambda do
-      tokens << @random.rand(10_000_000..99_999_999).to_s
+    num = lambda do
+      tokens << number
       tokens.last
     end
     name = dialect == :mysql ? "`users`.`email`" : '"users"."email"'
     parts = ["SELECT #{name}, id FROM users WHERE #{name} = #{lit.call}",
-             "AND name IN (#{lit.call}, #{lit.call})", "AND age > #{number.call}",
-             "AND note LIKE #{lit.call}"].shuffle(random: @random)
+             "AND name IN (#{lit.call}, #{lit.call})", "AND age > #{num.call}",
+             "AND note LIKE #{lit.call}", "AND pins[#{num.call}:#{num.call}] = :#{num.call}"].shuffle(random: @random)
     parts.insert(@random.rand(parts.size), comment(dialect, value(tokens.push(token).last))) if @random.rand(2).zero?
     [parts.join(" "), tokens]
   end
@@ -86,9 +104,12 @@ class TestSQLShape < Minitest::Test
     STATEMENTS.times do |i|
       dialect = %i[postgresql mysql sqlite][i % 3]
       sql, tokens = statement(dialect)
-      shape = Strobe::SQLShape.shape(sql)
-      counts[dialect] += 1
-      leaks[dialect] << [sql, shape] if tokens.any? { |t| shape.include?(t) }
+      [dialect, nil].each do |given|
+        shape = Strobe::SQLShape.shape(sql, dialect: given)
+        key = "#{dialect} (shaped as #{given || 'unknown'})"
+        counts[key] += 1
+        leaks[key] << [sql, shape] if tokens.any? { |t| shape.include?(t) }
+      end
     end
     summary = leaks.map { |d, l| "#{d}: #{l.size} of #{counts[d]}" }.join(", ")
     example = leaks.values.first&.first
@@ -104,17 +125,57 @@ class TestSQLShape < Minitest::Test
     assert_equal "UPDATE users SET name = ?", shape[0, 25]
   end
 
-  # Ordinary statements keep what they do; comments go.
+  # The review's statements (issue 30): MySQL's "..." strings, PostgreSQL
+  # 16's grouped, binary and octal numbers, numbers after ":", and MySQL's
+  # #- and #> comments.
+  def test_the_reviewed_values_are_hidden
+    {
+      %q{SELECT * FROM users WHERE api_key = "sk_live_SECRET123" LIMIT 1} => [:mysql, "SECRET"],
+      %q{UPDATE users SET password = "hunter2SECRET" WHERE id = 1} => [:mysql, "SECRET"],
+      %q{SELECT * FROM acct WHERE balance = 1_234_567 AND pin = 4_321} => [:postgresql, /\d/],
+      %q{SELECT 0b101010, 0o777, 0B11} => [:postgresql, /\d/],
+      %q{SELECT * FROM t WHERE flags = 0b1011} => [:mysql, /\d/],
+      %q{SELECT 1 #- email jane@x.com} => [:mysql, "jane"],
+      %q{SELECT 1 #> ssn 123-45-6789} => [:mysql, /ssn|\d/],
+      %q{SELECT pins[1:4242] FROM t} => [:postgresql, /\d/],
+      %q{SELECT * FROM t WHERE a = :42} => [:sqlite, /\d/],
+    }.each do |sql, (dialect, value)|
+      [dialect, nil].each do |given|
+        shape = Strobe::SQLShape.shape(sql, dialect: given)
+        refute_match(value.is_a?(Regexp) ? value : /#{value}/, shape, "#{sql} as #{given.inspect}")
+      end
+    end
+  end
+
+  # Ordinary statements keep what they do; comments go. Without its
+  # dialect, a statement's "..." are hidden (MySQL's strings).
   def test_shapes_stay_readable
     {
-      "SELECT \"posts\".* FROM \"posts\" WHERE \"posts\".\"id\" = $1 AND t1.x = 'a''b' LIMIT 10" =>
+      ["SELECT \"posts\".* FROM \"posts\" WHERE \"posts\".\"id\" = $1 AND t1.x = 'a''b' LIMIT 10", :postgresql] =>
         "SELECT \"posts\".* FROM \"posts\" WHERE \"posts\".\"id\" = $1 AND t1.x = ? LIMIT ?",
-      "SELECT `users`.* FROM `users` WHERE `users`.`email` = 'a@b.c' AND n = -1.5e3 /* app:web */" =>
+      ["SELECT \"posts\".* FROM \"posts\" WHERE \"posts\".\"id\" = ? AND t1.x = 'a''b' LIMIT 10", :sqlite] =>
+        "SELECT \"posts\".* FROM \"posts\" WHERE \"posts\".\"id\" = ? AND t1.x = ? LIMIT ?",
+      ["SELECT \"posts\".* FROM \"posts\" WHERE \"posts\".\"id\" = $1 LIMIT 10", nil] =>
+        "SELECT ?.* FROM ? WHERE ?.? = $1 LIMIT ?",
+      ["SELECT `users`.* FROM `users` WHERE `users`.`email` = 'a@b.c' AND n = -1.5e3 /* app:web */", :mysql] =>
         "SELECT `users`.* FROM `users` WHERE `users`.`email` = ? AND n = ?",
-      "SELECT a FROM t WHERE b = .5 AND c = 0xDEAD AND d = $$x$$ AND e = $q$y$q$ -- note\nAND f = E'\\''" =>
+      ["SELECT `users`.* FROM `users` WHERE `users`.`email` = \"a@b.c\" AND n = -1.5e3 /* app:web */", nil] =>
+        "SELECT `users`.* FROM `users` WHERE `users`.`email` = ? AND n = ?",
+      ["SELECT a FROM t WHERE b = .5 AND c = 0xDEAD AND d = $$x$$ AND e = $q$y$q$ -- note\nAND f = E'\\''", nil] =>
         "SELECT a FROM t WHERE b = ? AND c = ? AND d = ? AND e = ?\nAND f = ?",
-      "SELECT data #>> '{a,b}' FROM t WHERE x = U&'d\\0061t' AND b = X'0A' AND \"two words\" = 1" =>
+      ["SELECT data #>> '{a,b}' FROM t WHERE x = U&'d\\0061t' AND b = X'0A' AND \"two words\" = 1", :postgresql] =>
         "SELECT data #>> ? FROM t WHERE x = ? AND b = ? AND ? = ?",
-    }.each { |sql, shape| assert_equal shape, Strobe::SQLShape.shape(sql), sql }
+      ["SELECT data #>> '{a,b}', x FROM t -- no\nWHERE y = 1", nil] => "SELECT data ?\nWHERE y = ?",
+      ["SELECT a[1:2], b::int, t1.c2 FROM t WHERE d = :3 AND e = $10", :postgresql] =>
+        "SELECT a[?:?], b::int, t1.c2 FROM t WHERE d = :? AND e = $10",
+    }.each { |(sql, dialect), shape| assert_equal shape, Strobe::SQLShape.shape(sql, dialect: dialect), sql }
+  end
+
+  def test_dialects
+    assert_equal(%i[postgresql postgresql sqlite mysql mysql],
+                 %w[PostgreSQL PostGIS SQLite Mysql2 Trilogy].map { |name| Strobe::SQLShape.dialect(name) })
+    assert_nil Strobe::SQLShape.dialect("SQLServer")
+    error = assert_raises(ArgumentError) { Strobe::SQLShape.shape("SELECT 1", dialect: :oracle) }
+    assert_includes error.message, ":oracle"
   end
 end

@@ -25,8 +25,9 @@ module Strobe
   # addresses).
   #
   # SQL is recorded in its shape (SQLShape): without bind values, with its
-  # string and number literals as ? however the database quotes them, and
-  # without comments (adapters that inline values, such as mysql2 and
+  # string and number literals as ? however the database quotes them (as
+  # the payload's :connection adapter's dialect reads it, when it has one),
+  # and without comments (adapters that inline values, such as mysql2 and
   # trilogy by default, would otherwise put them in the profile). Long
   # texts are cut at TEXT_LIMIT characters. Subscriptions to an event are
   # shared: two middlewares asking for :sql record each query once.
@@ -146,7 +147,8 @@ module Strobe
     def describe(event, payload)
       case event
       when "sql.active_record"
-        [text(payload[:name] || "SQL"), { sql: text(sql_shape(payload[:sql])), cached: payload[:cached] ? true : nil }.compact]
+        sql = text(sql_shape(payload[:sql], connection: payload[:connection]))
+        [text(payload[:name] || "SQL"), { sql: sql, cached: payload[:cached] ? true : nil }.compact]
       when "process_action.action_controller"
         data = payload.slice(:controller, :action, :method, :path, :status, :format, :view_runtime, :db_runtime)
         ["#{payload[:controller]}##{payload[:action]}", plain(data)]
@@ -163,9 +165,17 @@ module Strobe
     end
 
     # sql with its literals as ?: its shape, without the values an adapter
-    # may have put in it (see SQLShape).
-    def sql_shape(sql)
-      sql.nil? ? nil : SQLShape.shape(sql)
+    # may have put in it (see SQLShape), read in the dialect of connection
+    # (the payload's Active Record adapter), or in every dialect when it
+    # does not say.
+    def sql_shape(sql, connection: nil)
+      sql.nil? ? nil : SQLShape.shape(sql, dialect: dialect_of(connection))
+    end
+
+    def dialect_of(connection)
+      SQLShape.dialect(connection.adapter_name) if connection.respond_to?(:adapter_name)
+    rescue StandardError
+      nil
     end
 
     # The payload's values a marker can hold as they are: numbers, true,

@@ -28,6 +28,25 @@ module Strobe
       error.message[/\A[^:"]*/].to_s.strip
     end
 
+    # The forms an Authorization header's value (Basic or Bearer) may be
+    # quoted in: the whole value, its credentials, and for Basic the
+    # decoded user:password and password; longest first.
+    def authorization_forms(value)
+      value = value.to_s
+      scheme, credentials = value.split(" ", 2)
+      forms = [value, credentials.to_s.strip]
+      if scheme.to_s.casecmp?("basic")
+        decoded = credentials.to_s.unpack1("m").to_s.dup.force_encoding(Encoding::UTF_8)
+        forms.push(decoded, decoded.split(":", 2)[1].to_s) if decoded.valid_encoding?
+      end
+      forms.reject(&:empty?).uniq.sort_by { |form| -form.length }
+    end
+
+    # text with each of secrets (Strings) in it as ***.
+    def secrets(text, secrets)
+      secrets.reduce(text.to_s) { |shown, secret| secret.empty? ? shown : shown.gsub(secret, "***") }
+    end
+
     # An #inspect of object that shows only its class and the given fields
     # (names and values already safe to show).
     def inspect(object, **fields)

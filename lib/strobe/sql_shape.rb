@@ -6,10 +6,12 @@ module Strobe
   # The shape of an SQL statement: what it does, without the values in it.
   # String literals (standard '...' with '' inside, backslash-escaped as
   # MySQL writes them, E'...', N'...', X'...', B'...', U&'...', dollar
-  # quotes $tag$...$tag$) and numbers become ?; comments (--, #, /* */,
-  # nested or not) go, since they may hold values too; names in double
-  # quotes or backticks stay when they are plain names (letters, digits,
-  # _ and $), and become ? otherwise (MySQL reads "..." as a string).
+  # quotes $tag$...$tag$, MySQL's "...") and numbers (1_000, 0x1F, 0b101,
+  # 0o17, 1.5e3, and whatever else starts with a digit; not $1 parameters)
+  # become ?; comments (--, #, /* */, nested or not) go, since they may
+  # hold values too; names in backticks, and in double quotes where they
+  # are names, stay when they are plain names (letters, digits, _ and $),
+  # and become ? otherwise.
   #
   #   SQLShape.shape("SELECT * FROM users WHERE email = 'a@b.c' LIMIT 1")
   #   # => "SELECT * FROM users WHERE email = ? LIMIT ?"
@@ -18,12 +20,16 @@ module Strobe
   # does not say: whether a backslash escapes the quote after it (MySQL:
   # yes; PostgreSQL and SQLite: no, unless PostgreSQL runs with
   # standard_conforming_strings off, or MySQL with NO_BACKSLASH_ESCAPES),
-  # whether /* */ nest (PostgreSQL) and whether # starts a comment
-  # (MySQL; not as #> or #-, PostgreSQL's JSON operators). The statement is read in each of these ways (READINGS), and
-  # whatever any reading takes for a literal or a comment is hidden: a text
-  # is shown only where every reading agrees that it is the statement's
-  # own. Where they disagree the shape loses some of its statement (from
-  # the first disagreement on, at worst), never a value.
+  # whether /* */ nest (PostgreSQL), whether # starts a comment (MySQL:
+  # always, #> and #- too) and whether "..." is a string (MySQL) or a name
+  # (PostgreSQL, SQLite). The statement is read in each way its dialect
+  # (DIALECTS) may read it, or in all of them (READINGS) when the dialect
+  # is not known, and whatever any reading takes for a literal or a
+  # comment is hidden: a text is shown only where every reading agrees
+  # that it is the statement's own. Where they disagree the shape loses
+  # some of its statement (from the first disagreement on, at worst),
+  # never a value. So without a dialect every "..." is hidden (Rails'
+  # PostgreSQL and SQLite adapters quote every name so: give the dialect).
   module SQLShape
     # Bytes of a statement read at most: the rest is left out of its shape
     # (a literal cut there is hidden to its end like any unterminated one).
@@ -38,41 +44,62 @@ module Strobe
     # A quoted name shown as it is.
     PLAIN_NAME = /\A(["`])[A-Za-z_][A-Za-z0-9_$]{0,62}\1\z/
     DOLLAR_TAG = /(?:[[:alpha:]_][[:alnum:]_]*)?\$/
-    # Numbers, hexadecimal ones and those starting with "." (not the
-    # digits of a name, nor $1 or :1 parameters).
-    NUMBER = /(?<![\w$:])-?(?:0x\h+|\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)(?![\w.])/i
-    # The ways a statement is read: PostgreSQL (and with
+    # A number: what starts with a digit (or "." and a digit) not within a
+    # name nor after $ (a $1 parameter), to the end of its word and dots
+    # (1_234, 0x1F, 0b101, 0o17, 1.5e-3, 10.0.0.1, 42abc).
+    NUMBER = /(?<![[:word:]$])-?\.?\d(?:[[:word:].]|(?<=[eE])[+-](?=\d))*/
+    # A way of reading a statement: backslash: whether \ escapes in '...'
+    # and "..." (it always does in E'...'); nested: whether /* */ nest;
+    # pound: whether # starts a comment; string: whether "..." is a string.
+    Reading = Struct.new(:backslash, :nested, :pound, :string)
+    # The ways each dialect is read: PostgreSQL (and with
     # standard_conforming_strings off), SQLite, MySQL (and with
     # NO_BACKSLASH_ESCAPES).
-    Reading = Struct.new(:backslash, :nested, :pound)
-    READINGS = [Reading.new(false, true, false), Reading.new(true, true, false), Reading.new(false, false, false),
-                Reading.new(true, false, true), Reading.new(false, false, true)].freeze
+    DIALECTS = {
+      postgresql: [Reading.new(false, true, false, false), Reading.new(true, true, false, false)].freeze,
+      sqlite: [Reading.new(false, false, false, false)].freeze,
+      mysql: [Reading.new(true, false, true, true), Reading.new(false, false, true, true)].freeze,
+    }.freeze
+    # The ways a statement of an unknown dialect is read.
+    READINGS = DIALECTS.values.flatten.freeze
+    # Active Record's adapter_name of each dialect.
+    ADAPTERS = { /\A(?:postgresql|postgis)\z/i => :postgresql, /\Asqlite3?\z/i => :sqlite,
+                 /\A(?:mysql2?|trilogy)\z/i => :mysql }.freeze
 
     module_function
 
-    # sql (a String) in its shape, as above.
-    def shape(sql)
+    # sql (a String) in its shape, as above, read as dialect reads it
+    # (:postgresql, :mysql, :sqlite; nil when not known).
+    def shape(sql, dialect: nil)
+      readings = dialect.nil? ? READINGS : DIALECTS.fetch(dialect) { raise ArgumentError, "unknown dialect #{dialect.inspect}" }
       sql = sql.to_s
       sql = sql.encode(Encoding::UTF_8, invalid: :replace, undef: :replace) unless sql.encoding.ascii_compatible?
       sql = sql.byteslice(0, INPUT_LIMIT) if sql.bytesize > INPUT_LIMIT
       sql = sql.scrub("?") unless sql.valid_encoding?
-      build(sql, union(readings(sql).flat_map { |reading| hidden(sql, reading) }))
+      build(sql, union(distinct(sql, readings).flat_map { |reading| hidden(sql, reading) }))
     end
 
-    # The READINGS that read sql differently: without a backslash, with at
-    # most one "/*" or without "#" in it, the readings that differ only
-    # there agree (most statements are read once).
-    def readings(sql)
+    # The dialect of an Active Record adapter_name ("PostgreSQL", "SQLite",
+    # "Mysql2", "Trilogy"), or nil.
+    def dialect(adapter_name)
+      ADAPTERS.find { |pattern, _| pattern.match?(adapter_name.to_s) }&.last
+    end
+
+    # The readings that read sql differently: without a backslash, with at
+    # most one "/*", without "#" or without '"' in it, the readings that
+    # differ only there agree (most statements are read once).
+    def distinct(sql, readings)
       backslash = sql.include?("\\")
       nested = !(first = sql.index("/*")).nil? && !sql.index("/*", first + 2).nil?
       pound = sql.include?("#")
-      READINGS.map { |r| Reading.new(backslash && r.backslash, nested && r.nested, pound && r.pound) }.uniq
+      string = sql.include?('"')
+      readings.map do |r|
+        Reading.new(backslash && r.backslash, nested && r.nested, pound && r.pound, string && r.string)
+      end.uniq
     end
 
     # What a Reading hides: [from, to, literal] byte ranges in order
-    # (literal false for a comment). Its backslash: whether \ escapes in
-    # '...' and "..." (it always does in E'...'); nested: whether /* */
-    # nest; pound: whether # starts a comment.
+    # (literal false for a comment).
     def hidden(sql, reading)
       backslash = reading.backslash
       s = StringScanner.new(sql)
@@ -87,8 +114,10 @@ module Strobe
           s.skip(backslash || escapes ? ESCAPED_BODY : STANDARD_BODY)
           marks << [start, s.pos, true]
         when '"', "`"
-          s.skip((backslash ? ESCAPED_NAME_BODY : NAME_BODY).fetch(sql.byteslice(from, 1)))
-          marks << [from, s.pos, true] unless sql.byteslice(from, s.pos - from).match?(PLAIN_NAME)
+          quote = sql.byteslice(from, 1)
+          s.skip((backslash ? ESCAPED_NAME_BODY : NAME_BODY).fetch(quote))
+          name = !(reading.string && quote == '"') && sql.byteslice(from, s.pos - from).match?(PLAIN_NAME)
+          marks << [from, s.pos, true] unless name
         when "$"
           next if word_byte?(sql, from - 1) || !s.skip(DOLLAR_TAG)
 
@@ -99,7 +128,7 @@ module Strobe
         when "-"
           marks << [from, line_end(s), false] if s.skip(/-/)
         when "#"
-          marks << [from, line_end(s), false] if reading.pound && !s.match?(/[>-]/) # (PostgreSQL's #> #>> #-)
+          marks << [from, line_end(s), false] if reading.pound
         end
       end
       marks

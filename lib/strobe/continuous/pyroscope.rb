@@ -2,6 +2,7 @@
 
 require "uri"
 require_relative "../http_client"
+require_relative "../redact"
 
 module Strobe
   class Continuous
@@ -25,6 +26,9 @@ module Strobe
       RETRY = [408, 429, 500, 502, 503, 504].freeze
       # What is read of an answer, for its message.
       BODY_LIMIT = 4096
+      # Refusals of the credentials: only their status and its reason
+      # phrase are told (a server or a proxy may quote the header it got).
+      REFUSED = { 401 => "Unauthorized", 403 => "Forbidden" }.freeze
 
       # What an upload came to.
       Outcome = Struct.new(:ok, :retry, :message)
@@ -35,7 +39,11 @@ module Strobe
         @base = config.url.dup
         @base.path = "#{config.url.path.chomp('/')}/ingest"
         @base.query = nil
+        @secrets = Redact.authorization_forms(config.headers["Authorization"])
       end
+
+      # (Without the credentials it hides.)
+      def inspect = Redact.inspect(self, config: @config)
 
       # The URL of one upload: the window from..till (Time), with its
       # labels, at sample_rate (samples per second, or per allocation).
@@ -61,16 +69,18 @@ module Strobe
                                                        body_limit: BODY_LIMIT) do |response|
           next Outcome.new(true, false, nil) if response.code.between?(200, 299)
 
-          Outcome.new(false, RETRY.include?(response.code), "HTTP #{response.code} #{answer_of(response)}".strip)
+          said = REFUSED.fetch(response.code) { answer_of(response) }
+          Outcome.new(false, RETRY.include?(response.code), "HTTP #{response.code} #{said}".strip)
         end
       rescue HTTPClient::Error => e
-        Outcome.new(false, true, e.message)
+        Outcome.new(false, true, Redact.secrets(e.message, @secrets))
       end
 
       private
 
       # What the server said (Pyroscope answers errors as JSON with a
-      # message), in one line of printable characters.
+      # message), in one line of printable characters, any credentials it
+      # quotes as ***.
       def answer_of(response)
         text = begin
           response.read_body.to_s
@@ -78,10 +88,11 @@ module Strobe
           ""
         end
         text = text.dup.force_encoding(Encoding::UTF_8).scrub.gsub(/[[:cntrl:]]/, " ")
-        message = text[/"message"\s*:\s*"((?:[^"\\]|\\.)*)"/, 1] || text
-        message = message.gsub(/\s+/, " ").strip
+        text = Redact.secrets(text, @secrets)
+        message = text[/"message"\s*:\s*"((?:[^"\\]|\\.)*)"/, 1]&.gsub(%r{\\(["\\/])}, '\1') || text
+        message = Redact.secrets(message.gsub(/\s+/, " ").strip, @secrets)
         message = "#{message[0, 200]}..." if message.length > 200
-        message.empty? ? response.reason.to_s.gsub(/[[:cntrl:]]/, " ") : message
+        message.empty? ? Redact.secrets(response.reason.to_s.gsub(/[[:cntrl:]]/, " "), @secrets) : message
       end
     end
   end
