@@ -473,7 +473,10 @@ module Strobe
       return answer_now(socket, 400, "bad request\n") unless request.is_a?(Request)
 
       status, body, extra = screen(request)
-      status ? answer_now(socket, status, body, extra || []) : hand_over(socket, request)
+      return answer_now(socket, status, body, extra || []) if status
+
+      revive_handlers # (all of them, before one of them answers this request)
+      hand_over(socket, request)
     end
 
     # What the accept thread answers at once, the request never reaching a
