@@ -122,7 +122,10 @@ class PyroscopeReceiver
   end
 
   def echoed(headers)
-    @echo ? ": #{headers['authorization']}".gsub("/", "\\/") : ""
+    # As Go's encoding/json (Pyroscope's) writes a string: / & < > escaped.
+    return "" unless @echo
+
+    ": #{headers['authorization']}".gsub(%r{[/&<>]}, "/" => "\\/", "&" => "\\u0026", "<" => "\\u003c", ">" => "\\u003e")
   end
 
   def reply(socket, code, body)

@@ -126,7 +126,8 @@ class TestRedaction < Minitest::Test
     receiver.echo = true
     { unauthorized: "HTTP 401 Unauthorized", error: "HTTP 500 store unavailable: ***" }.each do |behaviour, told|
       receiver.behaviour = behaviour
-      [{ bearer_token: TOKEN }, { basic_auth: ["user", PASSWORD] }, { url: "http://user:#{PASSWORD}@127.0.0.1:#{receiver.port}" }]
+      [{ bearer_token: TOKEN }, { bearer_token: "#{TOKEN}&<x>" }, { basic_auth: ["user", PASSWORD] },
+       { url: "http://user:#{PASSWORD}@127.0.0.1:#{receiver.port}" }]
         .each do |auth|
         err = StringIO.new
         Strobe::Continuous.start(**{ url: receiver.url, service_name: "s", upload_every: 1, err: err }.merge(auth))

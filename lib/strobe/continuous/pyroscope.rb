@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "json"
+
 require "uri"
 require_relative "../http_client"
 require_relative "../redact"
@@ -89,10 +91,20 @@ module Strobe
         end
         text = text.dup.force_encoding(Encoding::UTF_8).scrub.gsub(/[[:cntrl:]]/, " ")
         text = Redact.secrets(text, @secrets)
-        message = text[/"message"\s*:\s*"((?:[^"\\]|\\.)*)"/, 1]&.gsub(%r{\\(["\\/])}, '\1') || text
+        message = json_string(text[/"message"\s*:\s*("(?:[^"\\]|\\.)*")/, 1]) || text
         message = Redact.secrets(message.gsub(/\s+/, " ").strip, @secrets)
         message = "#{message[0, 200]}..." if message.length > 200
         message.empty? ? Redact.secrets(response.reason.to_s.gsub(/[[:cntrl:]]/, " "), @secrets) : message
+      end
+
+      # A JSON string literal's text, every escape decoded (\u0026 too, as
+      # Go's encoder writes & < >), printable; nil for none or a bad one.
+      def json_string(literal)
+        return nil if literal.nil?
+
+        JSON.parse("[#{literal}]").first.to_s.gsub(/[[:cntrl:]]/, " ")
+      rescue JSON::ParserError
+        nil
       end
     end
   end
