@@ -568,6 +568,95 @@ class TestProfileFile < Minitest::Test
     assert File.pipe?(fifo), "left as it was"
   end
 
+  # A directory of root's that a group may write to (Debian's /var/local,
+  # /var/log) is no safer than /tmp: a member's symlink there to a FIFO or
+  # device of root's is replaced, not followed. Before, it was followed and
+  # root's FIFO, in a directory only root can enter, got the profile.
+  def test_a_symlink_in_a_directory_a_group_may_write_is_not_followed
+    skip "needs root, to give the directory's group to another user" unless Process.euid.zero?
+
+    shared = File.join(@dir, "group")
+    Dir.mkdir(shared)
+    File.chown(0, 65_534, shared)
+    File.chmod(0o775, shared)
+    fifo = File.join(@dir, "root-only", "fifo")
+    Dir.mkdir(File.dirname(fifo), 0o700)
+    File.mkfifo(fifo, 0o600)
+    target = File.join(shared, "p.json")
+    File.symlink(fifo, target)
+    File.lchown(65_534, 65_534, target)
+    File.open(fifo, File::RDONLY | File::NONBLOCK) do |reader|
+      Strobe::AtomicFile.write(target) { |io| io.write("profile") }
+      assert_nil reader.read_nonblock(10, exception: false), "nothing reached root's FIFO"
+    end
+    assert File.file?(target) && !File.symlink?(target), "the symlink was replaced by the file"
+  end
+
+  # Another user swaps a directory on the path (their own, holding a symlink
+  # to a FIFO of root's, and one of root's) while saves run: the directory
+  # is judged and the target opened through one descriptor, so no profile
+  # reaches the FIFO (before, hundreds of bytes did in a few thousand saves).
+  def test_a_directory_swapped_under_a_save_never_leads_it_to_a_fifo
+    skip "needs root, to run another user's process" unless Process.euid.zero?
+
+    File.chmod(0o755, @dir)
+    theirs = File.join(@dir, "theirs")
+    Dir.mkdir(theirs, 0o755)
+    File.chown(65_534, 65_534, theirs)
+    trusted = File.join(@dir, "trusted")
+    Dir.mkdir(trusted, 0o755)
+    fifo = File.join(@dir, "root-only", "fifo")
+    Dir.mkdir(File.dirname(fifo), 0o700)
+    File.mkfifo(fifo, 0o600)
+    attacker = fork do
+      Process::GID.change_privilege(65_534)
+      Process::UID.change_privilege(65_534)
+      decoy = File.join(theirs, "decoy")
+      Dir.mkdir(decoy)
+      File.symlink(fifo, File.join(decoy, "p.json"))
+      link = File.join(theirs, "link")
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+      while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        [trusted, decoy].each do |to|
+          File.symlink(to, "#{link}.new")
+          File.rename("#{link}.new", link)
+        rescue SystemCallError
+          nil
+        end
+      end
+      exit!(0)
+    end
+    got = +""
+    File.open(fifo, File::RDWR) do |reader| # a reader, so that a write would not fail
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 4
+      while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        begin
+          Strobe::AtomicFile.write(File.join(theirs, "link", "p.json")) { |io| io.write("profile") }
+        rescue SystemCallError
+          nil
+        end
+        got << (reader.read_nonblock(4096, exception: false).then { |r| r.is_a?(String) ? r : "" })
+      end
+    end
+    assert_equal "", got, "profiles reached root's FIFO through the swapped directory"
+  ensure
+    if attacker
+      Process.kill(:KILL, attacker)
+      Process.wait(attacker)
+    end
+  end
+
+  # Every spelling of a held descriptor is one: /dev//stdout, //dev/stdout
+  # and /dev/../dev/stdout were renamed over as root.
+  def test_spellings_of_a_held_descriptor
+    ["/dev/stdout", "/dev//stdout", "/dev/./stdout", "//dev/stdout", "/dev/../dev/stdout", "/proc/self/fd/1"].each do |name|
+      io = Strobe::AtomicFile.held(name)
+      refute_nil io, name
+      io.close
+    end
+    assert_nil Strobe::AtomicFile.held("/dev/stdout2")
+  end
+
   # Another user flips the target, in a sticky directory anyone can write
   # to, between a hard link to its own FIFO (kept in a directory of its
   # own) and a symlink to it, while saves run: whatever the path shows from

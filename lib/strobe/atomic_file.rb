@@ -33,7 +33,11 @@ module Strobe
   # for writing without creating it, waiting or taking a terminal
   # (O_WRONLY | O_NONBLOCK | O_NOCTTY), and without following a symlink
   # (O_NOFOLLOW) when its directory is untrusted: writable by everyone, or
-  # owned by neither this process's user nor root. Then fstat says:
+  # by a group other than root's and this process's, or owned by neither
+  # this process's user nor root. The directory is opened first and judged
+  # by its descriptor, and the target opened through it
+  # (/proc/self/fd/N/NAME), so swapping a directory on the path in between
+  # changes nothing. Then fstat says:
   # - nothing there (ENOENT), a symlink in an untrusted directory (ELOOP),
   #   or a regular file: it is replaced by the rename above;
   # - a FIFO, character device or socket of this process's user or root
@@ -121,14 +125,8 @@ module Strobe
       held = held(path)
       return held if held
 
-      trusted = trusted_directory?(File.dirname(path))
-      file = begin
-        File.new(path, OPEN | (trusted ? 0 : NOFOLLOW), binmode: true)
-      rescue *RENAMED
-        return nil
-      rescue Errno::ENXIO
-        raise unread(path, trusted)
-      end
+      file, trusted = open_in_directory(path)
+      return nil unless file
       begin
         stat = file.stat
         return file.close if stat.file?
@@ -142,13 +140,34 @@ module Strobe
       end
     end
 
+    # [the target opened as above, whether its directory is trusted], or nil
+    # for what the rename replaces. The directory is opened first, judged
+    # by its descriptor, and the target opened through that descriptor
+    # (/proc/self/fd/N/NAME): another user swapping a directory on the path
+    # between the judging and the opening changes neither.
+    def open_in_directory(path)
+      dir_path, name = File.split(path)
+      dir = File.open(dir_path, File::RDONLY)
+      begin
+        trusted = trusted_directory?(dir.stat)
+        through = File.directory?("/proc/self/fd") ? "/proc/self/fd/#{dir.fileno}/#{name}" : path
+        [File.new(through, OPEN | (trusted ? 0 : NOFOLLOW), binmode: true), trusted]
+      rescue Errno::ENXIO
+        raise unread(path, trusted)
+      ensure
+        dir.close
+      end
+    rescue *RENAMED
+      nil
+    end
+
     HELD = %r{\A/(?:dev/(?:(stdout)|(stderr)|fd/(\d+))|proc/(?:self|(\d+))/fd/(\d+))\z}
 
     # A duplicate of the descriptor path names, if it is one this process
     # holds (see above), for writing; nil otherwise. What Ruby buffered
     # for it is written first.
     def held(path)
-      match = HELD.match(path)
+      match = HELD.match(File.expand_path(path).squeeze("/"))
       return nil if match.nil? || (match[4] && match[4].to_i != Process.pid)
 
       fd = match[1] ? 1 : match[2] ? 2 : (match[3] || match[5]).to_i
@@ -158,13 +177,14 @@ module Strobe
       raise Errno::EBADF, "#{path}: not a descriptor this process has open"
     end
 
-    # Where another user cannot have put the target: a directory writable
-    # by its owner only at most, who is this process's user or root.
-    def trusted_directory?(dir)
-      stat = File.stat(dir)
-      !stat.world_writable? && (stat.uid == Process.euid || stat.uid.zero?)
-    rescue SystemCallError
-      false
+    # Where another user cannot have put the target: a directory (its
+    # File::Stat) owned by this process's user or root, writable by no one
+    # else but, at most, root's group or this process's.
+    def trusted_directory?(stat)
+      return false unless stat.directory? && (stat.uid == Process.euid || stat.uid.zero?)
+      return false if stat.world_writable?
+
+      (stat.mode & 0o020).zero? || stat.gid.zero? || stat.gid == Process.egid
     end
 
     KINDS = { "fifo" => "FIFO", "characterSpecial" => "character device", "blockSpecial" => "block device",
