@@ -178,4 +178,19 @@ class TestSQLShape < Minitest::Test
     error = assert_raises(ArgumentError) { Strobe::SQLShape.shape("SELECT 1", dialect: :oracle) }
     assert_includes error.message, ":oracle"
   end
+
+  # PostgreSQL takes any character above ASCII in a dollar quote's tag
+  # (its lexer's dolq_start and dolq_cont): such a quote's text was kept
+  # (second review). Bytes in any encoding are read.
+  def test_dollar_tags_above_ascii
+    ["$₁$SECRET1$₁$", "$a₁$SECRET2$a₁$", "$·$SECRET3$·$", "$ $SECRET4$ $"].each do |quoted|
+      [:postgresql, nil].each do |dialect|
+        shape = Strobe::SQLShape.shape("SELECT * FROM t WHERE a = #{quoted}", dialect: dialect)
+        refute_match(/SECRET/, shape, "#{quoted} (#{dialect.inspect})")
+      end
+    end
+    assert_equal "SELECT ? ?", Strobe::SQLShape.shape("SELECT $a$x\xff$a$ 1".b)
+    assert_equal "SELECT ?", Strobe::SQLShape.shape("SELECT 'caf\u00e9'".encode("ISO-8859-1"))
+  end
+
 end

@@ -43,7 +43,7 @@ module Strobe
     ESCAPED_NAME_BODY = { '"' => /(?>[^"\\]+|\\(?:.|\z)|"")*"?/m, "`" => NAME_BODY["`"] }.freeze
     # A quoted name shown as it is.
     PLAIN_NAME = /\A(["`])[A-Za-z_][A-Za-z0-9_$]{0,62}\1\z/
-    DOLLAR_TAG = /(?:[[:alpha:]_][[:alnum:]_]*)?\$/
+    DOLLAR_TAG = /(?:[[:alpha:]_\u0080-\u{10FFFF}][[:alnum:]_\u0080-\u{10FFFF}]*)?\$/
     # A number: what starts with a digit (or "." and a digit) not within a
     # name nor after $ (a $1 parameter), to the end of its word and dots
     # (1_234, 0x1F, 0b101, 0o17, 1.5e-3, 10.0.0.1, 42abc).
@@ -73,7 +73,10 @@ module Strobe
     def shape(sql, dialect: nil)
       readings = dialect.nil? ? READINGS : DIALECTS.fetch(dialect) { raise ArgumentError, "unknown dialect #{dialect.inspect}" }
       sql = sql.to_s
-      sql = sql.encode(Encoding::UTF_8, invalid: :replace, undef: :replace) unless sql.encoding.ascii_compatible?
+      # (UTF-8 throughout: a dollar quote's tag may hold any character
+      # above ASCII, which a UTF-8 pattern reads)
+      sql = sql.dup.force_encoding(Encoding::UTF_8) if sql.encoding == Encoding::BINARY
+      sql = sql.encode(Encoding::UTF_8, invalid: :replace, undef: :replace) unless sql.encoding == Encoding::UTF_8
       sql = sql.byteslice(0, INPUT_LIMIT) if sql.bytesize > INPUT_LIMIT
       sql = sql.scrub("?") unless sql.valid_encoding?
       build(sql, union(distinct(sql, readings).flat_map { |reading| hidden(sql, reading) }))
