@@ -407,8 +407,12 @@ class TestCLI < Minitest::Test
   # A Ruby program that runs others (rake test, a script): every Ruby
   # process keeps its profile; out is their merge.
   def test_run_keeps_the_profile_of_every_ruby_process
-    child = "def in_child = 200_000.times(&:to_s); in_child"
-    parent = "def in_parent = 200_000.times(&:to_s); in_parent; system(RbConfig.ruby, '-e', #{child.inspect}) || exit(4)"
+    # Each works for 0.2 s of its CPU (a loaded machine's timer thread can
+    # miss a shorter burst in :cpu mode).
+    busy = "t = Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID); " \
+           "20_000.times(&:to_s) while Process.clock_gettime(Process::CLOCK_THREAD_CPUTIME_ID) - t < 0.2"
+    child = "def in_child; #{busy}; end; in_child"
+    parent = "def in_parent; #{busy}; end; in_parent; system(RbConfig.ruby, '-e', #{child.inspect}) || exit(4)"
     status, out, err = cli("run", "--mode", "cpu", "--profile", path("p.json"), "--", RbConfig.ruby, "-e", parent)
     assert_equal 0, status, err
     assert_equal "", out
