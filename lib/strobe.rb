@@ -36,6 +36,9 @@ module Strobe
   autoload :Middleware, File.expand_path("strobe/middleware", __dir__)
   autoload :Toggle, File.expand_path("strobe/toggle", __dir__)
   @pending = Pending.new
+  # How often a start takes the profiler back when others keep starting
+  # in between (see taking_back) before it is refused.
+  TAKE_BACK_TRIES = 3
 
   class << self
     # Strobe.run(**options) { ... } profiles the block and returns the
@@ -52,22 +55,23 @@ module Strobe
       return false if running? && !lent?
 
       options = Options.new(opts)
-      return false unless take_back
-      # Metadata of several start/stop rounds merges; the last out:, format:
-      # and on_result: given win; the working directory is the first round's.
-      settings = { metadata: (@pending[:metadata] || {}).merge(options.metadata),
-                   out: options.out || @pending[:out],
-                   format: opts.key?(:format) ? options.format : @pending[:format] || options.format,
-                   on_result: options.on_result || @pending[:on_result],
-                   cwd: @pending[:cwd] || working_directory }
-      @pending.start(settings) do
-        if options.trace?
-          check_trace_round(options)
-          Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions)
-        else
-          RubyBugs.tell(options.mode)
-          Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                       options.threads_list, options.native_timer, options.native)
+      taking_back do |round|
+        # Metadata of several start/stop rounds merges; the last out:, format:
+        # and on_result: given win; the working directory is the first round's.
+        settings = { metadata: (@pending[:metadata] || {}).merge(options.metadata),
+                     out: options.out || @pending[:out],
+                     format: opts.key?(:format) ? options.format : @pending[:format] || options.format,
+                     on_result: options.on_result || @pending[:on_result],
+                     cwd: @pending[:cwd] || working_directory }
+        @pending.start(settings) do
+          if options.trace?
+            check_trace_round(options)
+            Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions, round)
+          else
+            RubyBugs.tell(options.mode)
+            Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                         options.threads_list, options.native_timer, options.native, round)
+          end
         end
       end
     end
@@ -88,11 +92,33 @@ module Strobe
     end
 
     # Has the holder of a lent profile give it back (holder.give_way);
-    # returns whether the profiler is free (not running) then.
+    # returns the round (Native.round) whose profile that settled, for
+    # Native.start, or nil when the profiler is not free: running, or the
+    # holder keeps its stopped profile (a request of its in flight). The
+    # round is read first: give_way saves in this thread after it lets go
+    # of the holder's lock, and a whole round of the holder's can begin, end
+    # and stop meanwhile; Native.start then refuses, the round being past.
     def take_back # :nodoc:
+      round = Native.round
       holder, = @lent
-      holder.give_way if lent?
-      !running?
+      return nil if lent? && holder.give_way == false
+
+      running? ? nil : round
+    end
+
+    # Yields the round at which the profiler was taken back (take_back), for
+    # the block to start at it (Native.start refuses once another start came
+    # since). Ruby may switch threads between the two: a middleware's whole
+    # round can begin, end and stop meanwhile, its result not taken; the
+    # profiler is then taken back again (its holder saves it), at most
+    # TAKE_BACK_TRIES times. Returns what the block returns, or false.
+    def taking_back # :nodoc:
+      TAKE_BACK_TRIES.times do
+        round = take_back or return false
+        started = yield(round)
+        return started if started || Native.round == round
+      end
+      false
     end
 
     # A trace's rounds (start/stop until results) share one clock, one

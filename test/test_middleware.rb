@@ -566,6 +566,54 @@ class TestMiddleware < Minitest::Test
     done = true
   end
 
+  # A middleware's whole round can fall between Strobe.start giving the
+  # profiler back and starting it (Ruby may switch threads at any call in
+  # between): the round starts, profiles its request and stops, its result
+  # not taken yet. The start then must not add to that profile: the run's
+  # result would hold the request and the middleware's file would never
+  # be written. Here the round runs, on another thread, as the start takes
+  # its settings.
+  def test_a_round_between_take_back_and_start_stays_the_middlewares
+    mw = round_between(Strobe::Pending, :start)
+    assert_equal [["/between"]], profiles.map { |file| request_paths(Strobe.load(file)) }
+  end
+
+  # ... or as the start's give_way saves the round before (it saves in the
+  # starting thread, once it has let go of the middleware's lock).
+  def test_a_round_while_give_way_saves_stays_the_middlewares
+    round_between(Strobe::Middleware, :deliver) { |mw| mw.call(Rack::MockRequest.env_for("/before?n=2000")) }
+    assert_equal [["/before"], ["/between"]], profiles.map { |file| request_paths(Strobe.load(file)) }.sort
+  end
+
+  # Strobe.run, with one request of a middleware (idle_stop: false: its
+  # round stops as it ends, its result kept) served on another thread the
+  # first time this thread calls klass#method in it; yields the middleware
+  # first. Checks the run's result, saves the middleware's profile.
+  def round_between(klass, method)
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_at_exit: false,
+                                               save_every: 1000, idle_stop: false)
+    yield mw if block_given?
+    runner = Thread.current
+    served = false
+    hook = TracePoint.new(:call) do |tp|
+      next unless Thread.current == runner && !served && tp.defined_class == klass && tp.method_id == method
+
+      served = true
+      Thread.new { mw.call(Rack::MockRequest.env_for("/between?n=2000")) }.join
+    end
+    result = begin
+      hook.enable
+      Strobe.run(mode: :wall, interval: 1000) { 2000.times { |i| i.to_s } }
+    ensure
+      hook.disable
+    end
+    assert served, "no round came between"
+    refute_nil result
+    assert_empty request_paths(result), "the run's result holds the middleware's request"
+    mw.save
+    mw
+  end
+
   # Two middlewares of one process take turns, each file with its own
   # requests: one that wants to start saves the other's profile first
   # (running on, or stopped and not saved yet).

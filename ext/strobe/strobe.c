@@ -99,7 +99,8 @@ mode_from_sym(VALUE mode)
     rb_raise(rb_eArgError, "unknown mode: %+"PRIsVALUE, mode);
 }
 
-/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer, native) -> bool
+/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer, native, round) -> bool
+ * (false when running, or when a start came since round: see may_start)
  * threads: nil for every thread, or an Array of Threads; timer: :threads,
  * :process or :safepoints (see timer.c); native: capture native frames
  * too (native.c). */
@@ -169,23 +170,40 @@ end_starting(VALUE unused)
     return Qnil;
 }
 
+/* Whether a start may begin now, given the round (Native.round) at which
+ * its caller found the profiler free (Strobe.take_back): not while a
+ * profile runs, a run collects or another start runs, nor once any start
+ * came since that round. Ruby code runs between take_back and the start
+ * (Ruby may switch threads there), and a middleware's round begun, ended
+ * and stopped meanwhile waits for its results: a start now would add to
+ * that profile (rounds without results merge), so the run's result held
+ * the middleware's requests and the middleware's file was never written.
+ * The caller takes the profiler back again instead. */
+static int
+may_start(VALUE round)
+{
+    if (running() || run_collecting || starting) return 0;
+    return NIL_P(round) || (FIXNUM_P(round) && FIX2LONG(round) >= 0 && (unsigned long)FIX2LONG(round) == rounds);
+}
+
 static VALUE
 native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
-             VALUE timer, VALUE native)
+             VALUE timer, VALUE native, VALUE round)
 {
-    if (running() || run_collecting || starting) return Qfalse;
+    if (!may_start(round)) return Qfalse;
     struct start_args a = { mode, interval, raw, aggregate, ignore_gc, threads, timer, native };
     starting = 1;
     return rb_ensure(start_sampler, (VALUE)&a, end_starting, Qnil);
 }
 
-/* Strobe::Native.trace_start(cpu, threads, names, paths, patterns) ->
- * bool: mode :trace (trace.c); false when already running. names, paths
- * and patterns: exclude:'s Strings, path prefixes and Regexps (Arrays). */
+/* Strobe::Native.trace_start(cpu, threads, names, paths, patterns, round)
+ * -> bool: mode :trace (trace.c); false when already running, or when a
+ * start came since round (see may_start). names, paths and patterns:
+ * exclude:'s Strings, path prefixes and Regexps (Arrays). */
 static VALUE
-native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns)
+native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns, VALUE round)
 {
-    if (running() || run_collecting || starting) return Qfalse;
+    if (!may_start(round)) return Qfalse;
     strobe_profile_drop_inherited();
     if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
     Check_Type(names, T_ARRAY);
@@ -488,10 +506,10 @@ Init_strobe(void)
     strobe_sampler_init();
     strobe_cost_init(mNative);
 
-    rb_define_singleton_method(mNative, "start", native_start, 8);
+    rb_define_singleton_method(mNative, "start", native_start, 9);
     /* Whether native: true can work: Strobe was built with libunwind. */
     rb_define_const(mNative, "NATIVE_FRAMES", strobe_native_available() ? Qtrue : Qfalse);
-    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 5);
+    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 6);
     rb_define_singleton_method(mNative, "trace_active?", native_trace_active_p, 0);
     rb_define_singleton_method(mNative, "round", native_round, 0);
     rb_define_singleton_method(mNative, "stop_round", native_stop_round, 1);

@@ -297,7 +297,8 @@ module Strobe
     # middleware, the pull endpoint...; see Strobe.lend): if no request of
     # this one is in flight, its profile (running on, or stopped and not
     # yet saved) is saved now, in the caller's thread, and the profiler is
-    # free; otherwise nothing changes and their start is refused. Called
+    # free; otherwise nothing changes, false is returned and their start is
+    # refused (even if the profile was stopped: it holds requests). Called
     # with another middleware's lock held, maybe: nothing here takes
     # another's. Nothing in a trap handler (the signal toggle), where Ruby
     # takes no lock, nor from this middleware's own start.
@@ -310,7 +311,9 @@ module Strobe
         return nil # in trap context
       end
       begin
-        result = take_profile if @active.zero?
+        return false unless @active.zero?
+
+        result = take_profile
       ensure
         @lock.unlock
       end

@@ -106,10 +106,11 @@ module StackProf
       return false if running? && !Strobe.lent?
 
       options = Options.new(opts)
-      return false unless Strobe.take_back
-      @pending.start(metadata: options.metadata, out: options.out) do
-        Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                             options.threads, :threads, false)
+      Strobe.taking_back do |round|
+        @pending.start(metadata: options.metadata, out: options.out) do
+          Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
+                               options.threads, :threads, false, round)
+        end
       end
     end
 
