@@ -112,11 +112,18 @@ module Strobe
     # round can begin, end and stop meanwhile, its result not taken; the
     # profiler is then taken back again (its holder saves it), at most
     # TAKE_BACK_TRIES times. Returns what the block returns, or false.
+    # (A loop, not a block: once the block has started an :object profile,
+    # a return through a block's frame allocates, a sample of Strobe's.)
     def taking_back # :nodoc:
-      TAKE_BACK_TRIES.times do
-        round = take_back or return false
+      tries = 0
+      while tries < TAKE_BACK_TRIES
+        round = take_back
+        return false unless round
+
         started = yield(round)
         return started if started || Native.round == round
+
+        tries += 1
       end
       false
     end
