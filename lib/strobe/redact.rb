@@ -10,7 +10,6 @@ module Strobe
     USERINFO = %r{\A([A-Za-z][A-Za-z0-9+.\-]*://)?.*@}m
     # A query string or a fragment, to the end.
     QUERY = /[?#].*\z/m
-    HIDDEN = "[hidden]"
 
     module_function
 
