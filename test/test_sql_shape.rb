@@ -193,4 +193,15 @@ class TestSQLShape < Minitest::Test
     assert_equal "SELECT ?", Strobe::SQLShape.shape("SELECT 'caf\u00e9'".encode("ISO-8859-1"))
   end
 
+
+  # Shaping runs in the query's thread: only the first INPUT_LIMIT bytes
+  # of a statement are read (a long one's rest is left out, never shown).
+  def test_only_the_head_of_a_long_statement_is_read
+    sql = "SELECT * FROM t WHERE a IN (#{(["'x'"] * 3000).join(', ')}) AND tail_column = 'v'"
+    shape = Strobe::SQLShape.shape(sql, dialect: :postgresql)
+    assert shape.start_with?("SELECT * FROM t WHERE a IN (?, ?, ?"), shape[0, 60]
+    refute_includes shape, "tail_column"
+    assert_operator shape.bytesize, :<=, Strobe::SQLShape::INPUT_LIMIT
+    assert_operator Strobe::SQLShape::INPUT_LIMIT, :<=, 4096
+  end
 end
