@@ -52,6 +52,24 @@ module Strobe
     # lent out (a middleware's between requests, see lend) is given back
     # first: its holder saves it and steps aside.
     def start(**opts)
+      start_round(opts, nil)
+    end
+
+    # Strobe.start for one of Strobe's own profilers (the middleware, the
+    # continuous profiler, the pull endpoint, the signal toggle), which
+    # takes the results of what it starts: false, adding nothing, while a
+    # profile someone else stopped waits for its results (Strobe.results).
+    # A start adds to such a profile (rounds merge until results), so the
+    # caller would take that profile's samples as its own, and its owner
+    # would find nothing. mine: the round (Native.round) of the caller's
+    # own stopped profile, which it may add to, or nil.
+    def start_own(mine, **opts) # :nodoc:
+      start_round(opts, mine || false)
+    end
+
+    # Strobe.start, adding only to the stopped profile adds_to allows (see
+    # Native.start): nil, any; false, none; a round, that one.
+    private def start_round(opts, adds_to)
       return false if running? && !lent?
 
       options = Options.new(opts)
@@ -66,11 +84,11 @@ module Strobe
         @pending.start(settings) do
           if options.trace?
             check_trace_round(options)
-            Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions, round)
+            Native.trace_start(options.clock == :cpu, options.threads_list, *options.exclusions, round, adds_to)
           else
             RubyBugs.tell(options.mode)
             Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                         options.threads_list, options.native_timer, options.native, round)
+                         options.threads_list, options.native_timer, options.native, round, adds_to)
           end
         end
       end

@@ -288,6 +288,30 @@ class TestContinuous < Minitest::Test
     refute Strobe::Continuous.running?
   end
 
+  # The push session and the pull endpoint take the results of what they
+  # start, so neither adds to a profile the program stopped and has not yet
+  # taken (a start would: rounds merge until results). They say why, and
+  # the program's Strobe.results gets its profile whole.
+  def test_a_stopped_profile_waiting_for_its_results_is_left_to_its_owner
+    assert Strobe.start(mode: :custom)
+    Strobe.sample
+    assert Strobe.stop
+    pull = Strobe::Continuous::PullProfiler.new(mode: :wall, interval: 1000)
+    busy = assert_raises(Strobe::Continuous::Busy) { pull.profile(seconds: 1) }
+    assert_match(/a stopped profile waits for Strobe\.results/, busy.message)
+    busy = assert_raises(Strobe::Continuous::Busy) do
+      Strobe::Continuous.start(url: "http://127.0.0.1:9", service_name: "shop", upload_every: 1)
+    end
+    assert_match(/a stopped one waits for Strobe\.results/, busy.message)
+    refute Strobe.running?
+    refute Strobe::Continuous.running?
+    result = Strobe.results
+    assert_equal [:custom, 1], [result[:mode], result[:samples]]
+  ensure
+    Strobe.stop
+    Strobe.results
+  end
+
   def test_auth_and_tenant_headers_are_sent
     receiver = PyroscopeReceiver.new
     run_child(receiver.url, seconds: 1.2, options: ', bearer_token: "s3cret", tenant_id: "team-a"')
@@ -496,9 +520,9 @@ class TestContinuous < Minitest::Test
     "start, before its lock" =>
       [:return, "Strobe::Continuous::Config", :initialize, :start, [%w[NilClass NilClass]], true],
     "start, the profile not started yet" =>
-      [:call, "Strobe.singleton_class", :start, :start, [%w[NilClass NilClass]], false],
+      [:call, "Strobe.singleton_class", :start_own, :start, [%w[NilClass NilClass]], false],
     "start, the profile started, no thread yet" =>
-      [:return, "Strobe.singleton_class", :start, :start, [%w[NilClass NilClass]], false],
+      [:return, "Strobe.singleton_class", :start_own, :start, [%w[NilClass NilClass]], false],
     "start, the upload thread starting" =>
       [:call, "Strobe::Continuous::Uploader", :initialize, :start, [%w[NilClass NilClass]], false],
     "start, the session started, not yet recorded" =>
@@ -511,7 +535,7 @@ class TestContinuous < Minitest::Test
       [:call, "Strobe::Continuous", :stop, :signal, [%w[Hash Hash], %w[NilClass NilClass]], false],
     # The trap raises after stop (as `exit` does): start ends half way.
     "start, the profile started, a trap that raises" =>
-      [:return, "Strobe.singleton_class", :start, :raise, [%w[NilClass NilClass]], false]
+      [:return, "Strobe.singleton_class", :start_own, :raise, [%w[NilClass NilClass]], false]
   }.freeze
 
   def trap_program(url, point)

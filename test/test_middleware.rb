@@ -493,6 +493,42 @@ class TestMiddleware < Minitest::Test
     assert_nil mw.save, "nothing left to save"
   end
 
+  # A profile someone stopped and has not yet taken (Strobe.start ...
+  # Strobe.stop, Strobe.results to come) is theirs: a request neither adds
+  # to it nor takes it. The request is served unprofiled, with one line;
+  # once the owner has taken their results, requests are profiled again.
+  # (A start added to it: the owner's Strobe.results got nil, the
+  # middleware's file held their samples.)
+  def test_a_stopped_profile_of_someone_elses_is_left_to_them
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_every: 1,
+                                               save_at_exit: false)
+    assert Strobe.start(mode: :custom)
+    2.times { Strobe.sample }
+    assert Strobe.stop
+    status = nil
+    _, err = capture_io { status, = mw.call(Rack::MockRequest.env_for("/during?cpu=5")) }
+    assert_equal 200, status
+    assert_match(/waits for Strobe\.results: requests are served without profiling/, err)
+    refute Strobe.running?
+    assert_empty profiles
+    result = Strobe.results
+    assert_equal [:custom, 2, []], [result[:mode], result[:samples], request_paths(result)]
+
+    mw.call(Rack::MockRequest.env_for("/after?cpu=5"))
+    assert_equal [["/after"]], profiles.map { |file| request_paths(Strobe.load(file)) }
+  end
+
+  # The middleware's own stopped profile (idle stop, not yet saved) is
+  # still its own to add to.
+  def test_the_middleware_adds_to_its_own_stopped_profile
+    mw = Strobe::Middleware.new(method(:work), enabled: true, mode: :wall, path: "#{@dir}/", save_every: false,
+                                               save_interval: false, save_at_exit: false, idle_stop: 0.1)
+    mw.call(Rack::MockRequest.env_for("/one?cpu=5"))
+    wait_until(10, -> { "profiling still runs" }) { !Strobe.running? }
+    mw.call(Rack::MockRequest.env_for("/two?cpu=5"))
+    assert_equal %w[/one /two], request_paths(Strobe.load(mw.save))
+  end
+
   # While a request it profiles is in flight the middleware keeps the
   # profiler: Strobe.start is refused, Strobe.run raises.
   def test_a_request_in_flight_keeps_the_profiler

@@ -71,6 +71,24 @@ class TestToggle < Minitest::Test
     assert_empty Dir.children(@dir)
   end
 
+  # Nor does it take a profile the program stopped and has not yet taken
+  # (a start would add to it, and the next signal save it as the toggle's).
+  def test_a_stopped_profile_waiting_for_its_results_is_left_alone
+    Strobe.toggle_on(:USR2, mode: :custom, path: File.join(@dir, "p.json"))
+    Strobe.start(mode: :custom)
+    Strobe.sample
+    Strobe.stop
+    _, err = capture_io do
+      Process.kill(:USR2, Process.pid)
+      sleep 0.01 until $stderr.string.include?("\n") # (capture_io's StringIO)
+    end
+    assert_equal "strobe: on USR2: not starting: another profile is running, or a stopped one waits for " \
+                 "Strobe.results\n", err
+    refute Strobe.running?
+    assert_equal 1, Strobe.results[:samples]
+    assert_empty Dir.children(@dir)
+  end
+
   # A stop whose profile cannot be written says the profile is lost.
   def test_a_profile_that_cannot_be_written_is_said_lost
     File.write(File.join(@dir, "file"), "")

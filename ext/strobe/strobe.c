@@ -99,8 +99,9 @@ mode_from_sym(VALUE mode)
     rb_raise(rb_eArgError, "unknown mode: %+"PRIsVALUE, mode);
 }
 
-/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer, native, round) -> bool
- * (false when running, or when a start came since round: see may_start)
+/* Strobe::Native.start(mode, interval, raw, aggregate, ignore_gc, threads, timer, native, round, adds_to)
+ * -> bool (false when running, when a start came since round, or when a
+ * stopped profile adds_to forbids waits: see may_start)
  * threads: nil for every thread, or an Array of Threads; timer: :threads,
  * :process or :safepoints (see timer.c); native: capture native frames
  * too (native.c). */
@@ -180,30 +181,53 @@ end_starting(VALUE unused)
  * the middleware's requests and the middleware's file was never written.
  * The caller takes the profiler back again instead. */
 static int
-may_start(VALUE round)
+is_round(VALUE n)
+{
+    return FIXNUM_P(n) && FIX2LONG(n) >= 0 && (unsigned long)FIX2LONG(n) == rounds;
+}
+
+/* Whether a stopped profile (sampled or traced) waits for its results. */
+static int
+waiting(void)
+{
+    if (running()) return 0;
+    return (strobe_profile.active && !strobe_profile.inherited) || strobe_trace_active();
+}
+
+/* ... and adds_to: nil for Strobe.start, which adds to whatever profile
+ * waits for its results (its rounds merge, as stackprof's do); otherwise a
+ * start of one of Strobe's own profilers (the middleware, the continuous
+ * profiler, the pull endpoint), which takes the results it starts and so
+ * must not add to a profile someone else stopped (it would take their
+ * samples, and they would find nothing): false, or the round of the
+ * caller's own stopped profile (which it may add to). */
+static int
+may_start(VALUE round, VALUE adds_to)
 {
     if (running() || run_collecting || starting) return 0;
-    return NIL_P(round) || (FIXNUM_P(round) && FIX2LONG(round) >= 0 && (unsigned long)FIX2LONG(round) == rounds);
+    if (!NIL_P(round) && !is_round(round)) return 0;
+    return NIL_P(adds_to) || !waiting() || is_round(adds_to);
 }
 
 static VALUE
 native_start(VALUE self, VALUE mode, VALUE interval, VALUE raw, VALUE aggregate, VALUE ignore_gc, VALUE threads,
-             VALUE timer, VALUE native, VALUE round)
+             VALUE timer, VALUE native, VALUE round, VALUE adds_to)
 {
-    if (!may_start(round)) return Qfalse;
+    if (!may_start(round, adds_to)) return Qfalse;
     struct start_args a = { mode, interval, raw, aggregate, ignore_gc, threads, timer, native };
     starting = 1;
     return rb_ensure(start_sampler, (VALUE)&a, end_starting, Qnil);
 }
 
-/* Strobe::Native.trace_start(cpu, threads, names, paths, patterns, round)
+/* Strobe::Native.trace_start(cpu, threads, names, paths, patterns, round, adds_to)
  * -> bool: mode :trace (trace.c); false when already running, or when a
- * start came since round (see may_start). names, paths and patterns:
+ * start came since round, or a profile adds_to forbids waits (see may_start). names, paths and patterns:
  * exclude:'s Strings, path prefixes and Regexps (Arrays). */
 static VALUE
-native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns, VALUE round)
+native_trace_start(VALUE self, VALUE cpu, VALUE threads, VALUE names, VALUE paths, VALUE patterns, VALUE round,
+                   VALUE adds_to)
 {
-    if (!may_start(round)) return Qfalse;
+    if (!may_start(round, adds_to)) return Qfalse;
     strobe_profile_drop_inherited();
     if (strobe_profile.active) rb_raise(eStrobeError, "a sampled profile is waiting for its results: call Strobe.results first");
     Check_Type(names, T_ARRAY);
@@ -506,10 +530,10 @@ Init_strobe(void)
     strobe_sampler_init();
     strobe_cost_init(mNative);
 
-    rb_define_singleton_method(mNative, "start", native_start, 9);
+    rb_define_singleton_method(mNative, "start", native_start, 10);
     /* Whether native: true can work: Strobe was built with libunwind. */
     rb_define_const(mNative, "NATIVE_FRAMES", strobe_native_available() ? Qtrue : Qfalse);
-    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 6);
+    rb_define_singleton_method(mNative, "trace_start", native_trace_start, 7);
     rb_define_singleton_method(mNative, "trace_active?", native_trace_active_p, 0);
     rb_define_singleton_method(mNative, "round", native_round, 0);
     rb_define_singleton_method(mNative, "stop_round", native_stop_round, 1);

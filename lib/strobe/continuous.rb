@@ -267,11 +267,11 @@ module Strobe
       # (The round this start makes, for abandon should an exception from a
       # trap handler land in Strobe.start once the profile began.)
       @round = Native.round + 1
-      started = Strobe.start(mode: @config.mode, interval: @interval, raw: true,
-                             metadata: { "service_name" => @config.service_name })
+      started = Strobe.start_own(nil, mode: @config.mode, interval: @interval, raw: true,
+                                      metadata: { "service_name" => @config.service_name })
       unless started
         @round = nil
-        raise Busy, "another profile is running in this process"
+        raise Busy, "another profile is running in this process, or a stopped one waits for Strobe.results"
       end
 
       @round = Native.round

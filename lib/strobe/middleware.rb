@@ -420,8 +420,11 @@ module Strobe
           threads = @threads == :all ? :all : [Thread.current]
           IdleStop.prepare if @idle_stop
           # (Another middleware's profile between its requests gives way.)
-          unless Strobe.start(**@profile, threads: threads)
-            warn_once "another profile is running: requests are served without profiling"
+          # (Nor does it add to a profile someone else stopped: those
+          # samples are theirs to take with Strobe.results.)
+          unless Strobe.start_own(@mine, **@profile, threads: threads)
+            warn_once "another profile is running, or a stopped one waits for Strobe.results: " \
+                      "requests are served without profiling"
             return false
           end
           @round = @mine = Native.round

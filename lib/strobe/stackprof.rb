@@ -109,7 +109,7 @@ module StackProf
       Strobe.taking_back do |round|
         @pending.start(metadata: options.metadata, out: options.out) do
           Strobe::Native.start(options.mode, options.interval, options.raw, options.aggregate, options.ignore_gc,
-                               options.threads, :threads, false, round)
+                               options.threads, :threads, false, round, nil)
         end
       end
     end

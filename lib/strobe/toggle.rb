@@ -67,11 +67,11 @@ module Strobe
         return warn_line("profiling stopped; the result goes to on_result") if @options[:on_result]
 
         save(Strobe.results)
-      elsif Strobe.start(**@options)
+      elsif Strobe.start_own(nil, **@options)
         @round = Native.round
         warn_line("profiling started (mode #{@mode}); send #{@signal} again to stop")
       else
-        warn_line("not starting: another profile is running")
+        warn_line("not starting: another profile is running, or a stopped one waits for Strobe.results")
       end
     rescue StandardError => e
       warn_line(e.message)

@@ -74,8 +74,11 @@ module Strobe
         end
 
         begin
-          started = Strobe.start(mode: @mode, interval: @interval, raw: true)
-          raise Busy, "Strobe is already profiling this process (continuous push, the middleware or Strobe.start)" unless started
+          started = Strobe.start_own(nil, mode: @mode, interval: @interval, raw: true)
+          unless started
+            raise Busy, "Strobe is already profiling this process (continuous push, the middleware or Strobe.start), " \
+                        "or a stopped profile waits for Strobe.results"
+          end
 
           round = Native.round
           sleep seconds
