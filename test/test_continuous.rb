@@ -509,6 +509,41 @@ class TestContinuous < Minitest::Test
     receiver&.stop
   end
 
+  # A signal can turn continuous profiling on: start from a trap handler
+  # (where Ruby takes no lock: it raised ThreadError) starts the session
+  # on a thread of its own and returns it; a second start says false.
+  def test_start_works_in_a_trap_handler
+    receiver = PyroscopeReceiver.new
+    code = <<~RUBY
+      require "strobe/continuous"
+      require "json"
+      def fib(n) = n < 2 ? n : fib(n - 1) + fib(n - 2)
+      done = Queue.new
+      trap("USR1") do
+        2.times do
+          $stderr.puts "in trap: \#{Strobe::Continuous.start(url: #{receiver.url.inspect}, service_name: "sig", upload_every: 1).class}"
+        end
+      rescue StandardError => e
+        $stderr.puts "in trap: \#{e.class}: \#{e.message}"
+      ensure
+        done << 1
+      end
+      Process.kill(:USR1, Process.pid)
+      done.pop
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      fib(20) while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.5
+      $stdout.puts JSON.generate(Strobe::Continuous.stop)
+    RUBY
+    out, err, status = run_ruby(code, timeout: 90)
+    assert status.success?, err
+    assert_equal "in trap: Strobe::Continuous\nin trap: FalseClass\n", err
+    stats = JSON.parse(out.lines.last, symbolize_names: true)
+    assert_operator stats[:uploaded], :>=, 1, stats.inspect
+    assert_equal stats[:uploaded], receiver.all_uploads.size
+  ensure
+    receiver&.stop
+  end
+
   # Issue 30: a TERM whose trap asks stats and stop, landing at each point
   # of start, of stop and of a window cut. A TracePoint holds the thread at
   # the point until the trap has begun (on the main thread the trap runs

@@ -62,12 +62,52 @@ module Strobe
     # flush_timeout: (the window and upload threads' last joins, 1 s each).
     STOP_GRACE = 5.0
 
+    TRAP_PROBE = Mutex.new
+
     class << self
       # Starts continuous profiling; returns the Continuous, or false when
       # one runs already. ArgumentError names a bad option; Busy says why
-      # the profiler could not start (another profile is running).
+      # the profiler could not start (another profile is running). From a
+      # trap handler (where Ruby takes no lock) the start is made on a
+      # thread of its own, waited for at most STOP_GRACE seconds (then nil:
+      # it goes on); a trap that landed inside this thread's own start or
+      # stop gets false at once.
       def start(**options)
         config = Config.new(options)
+        return start_from_trap(config) if trap_context?
+
+        start_session(config)
+      end
+
+      # Whether the caller runs in a trap handler: Mutex#lock raises
+      # ThreadError there (nobody holds TRAP_PROBE for longer than a probe).
+      private def trap_context?
+        TRAP_PROBE.synchronize { false }
+      rescue ThreadError
+        true
+      end
+
+      # start's work on a thread the trap handler can wait for. An error
+      # is raised in the handler, or said in a line once it stopped waiting.
+      private def start_from_trap(config)
+        return false if @lock.owned?
+
+        waiting = true
+        starter = Thread.new do
+          Native.exclude_current_thread
+          start_session(config)
+        rescue StandardError => e
+          waiting ? e : warn_line(config.err, "not profiling: #{e.message}")
+        end
+        starter.name = "strobe continuous start"
+        result = starter.join(STOP_GRACE)&.value
+        waiting = false
+        raise result if result.is_a?(Exception)
+
+        result
+      end
+
+      private def start_session(config)
         current # (a session to take over after a fork that bypassed the hook)
         @lock.synchronize do
           return false if @current&.running? || @starter&.alive?
