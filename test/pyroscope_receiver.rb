@@ -13,7 +13,9 @@ require "zlib"
 # behaviour: :ok (200), :error (500 with Pyroscope's JSON error),
 # :unauthorized (401), :hang (reads the request and never answers, until
 # stopped). With echo, the messages of :error and :unauthorized quote the
-# Authorization header received (as some servers and proxies do).
+# Authorization header received (as some servers and proxies do): as Go's
+# encoder writes a string (true), percent-encoded (:percent), or, for
+# :error, under "error" instead of "message" (:elsewhere).
 class PyroscopeReceiver
   Upload = Struct.new(:path, :params, :app, :labels, :headers, :profile, :received_at)
 
@@ -97,6 +99,10 @@ class PyroscopeReceiver
       @lock.synchronize { @held << socket }
       return
     when :error
+      if @echo == :elsewhere # (under another key than "message")
+        return reply(socket, 500, %({"code":"internal","error":"store unavailable#{echoed(headers)}"}))
+      end
+
       return reply(socket, 500, %({"code":"internal","message":"store unavailable#{echoed(headers)}"}))
     when :unauthorized
       return reply(socket, 401, %({"code":"unauthenticated","message":"invalid credentials#{echoed(headers)}"}))
@@ -124,6 +130,7 @@ class PyroscopeReceiver
   def echoed(headers)
     # As Go's encoding/json (Pyroscope's) writes a string: / & < > escaped.
     return "" unless @echo
+    return ": #{URI.encode_www_form_component(headers['authorization'])}" if @echo == :percent
 
     ": #{headers['authorization']}".gsub(%r{[/&<>]}, "/" => "\\/", "&" => "\\u0026", "<" => "\\u003c", ">" => "\\u003e")
   end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "uri"
+
 module Strobe
   # What a line Strobe writes (a warning, an error, an exception's message,
   # #inspect) may show of a URL or a credential: no user or password, no
@@ -38,6 +40,8 @@ module Strobe
         decoded = credentials.to_s.unpack1("m").to_s.dup.force_encoding(Encoding::UTF_8)
         forms.push(decoded, decoded.split(":", 2)[1].to_s) if decoded.valid_encoding?
       end
+      # (and each percent-encoded, as a server may quote it from a URL or a form)
+      forms += forms.flat_map { |form| [URI.encode_www_form_component(form), URI.encode_www_form_component(form).gsub("+", "%20")] }
       forms.reject(&:empty?).uniq.sort_by { |form| -form.length }
     end
 

@@ -90,12 +90,16 @@ module Strobe
           ""
         end
         text = text.dup.force_encoding(Encoding::UTF_8).scrub.gsub(/[[:cntrl:]]/, " ")
-        text = Redact.secrets(text, @secrets)
-        message = json_string(text[/"message"\s*:\s*("(?:[^"\\]|\\.)*")/, 1]) || text
+        # (Every JSON string in it decoded, under any key: an encoder may
+        # write a token's "/" as "\/" or its "&" as "\u0026".)
+        message = json_string(text[/"message"\s*:\s*(#{JSON_STRING})/o, 1]) ||
+                  text.gsub(/#{JSON_STRING}/o) { |literal| (decoded = json_string(literal)) ? "\"#{decoded}\"" : literal }
         message = Redact.secrets(message.gsub(/\s+/, " ").strip, @secrets)
         message = "#{message[0, 200]}..." if message.length > 200
         message.empty? ? Redact.secrets(response.reason.to_s.gsub(/[[:cntrl:]]/, " "), @secrets) : message
       end
+
+      JSON_STRING = /"(?:[^"\\]|\\.)*"/
 
       # A JSON string literal's text, every escape decoded (\u0026 too, as
       # Go's encoder writes & < >), printable; nil for none or a bad one.
