@@ -283,6 +283,32 @@ class TestStackprofDropin < Minitest::Test
     end
   end
 
+  # A dump's path and the middleware's files are saved as every file of
+  # Strobe's (AtomicFile): readable by their owner only, and a FIFO at the
+  # path that nobody reads is an error, not a wait for good (the drop-in
+  # opened paths with File.open: mode 0644 under umask 022, and a planted
+  # FIFO held the program).
+  def test_dumps_are_saved_as_strobe_saves_files
+    Dir.mktmpdir do |dir|
+      File.mkfifo("#{dir}/fifo.dump")
+      lines = dropin(<<~RUBY, timeout: 30)
+        File.umask(0o022)
+        StackProf.run(mode: :custom, out: "#{dir}/a.dump") { StackProf.sample }
+        app = ->(env) { [200, {}, ["ok"]] }
+        StackProf::Middleware.new(app, path: "#{dir}/mw/", save_every: 1, enabled: true).call({})
+        begin
+          StackProf.run(mode: :custom, out: "#{dir}/fifo.dump") { StackProf.sample }
+        rescue SystemCallError => e
+          p e.class
+        end
+      RUBY
+      assert_equal ["Strobe::AtomicFile::Unread"], lines
+      assert_equal 0o600, File.stat("#{dir}/a.dump").mode & 0o777
+      saved = Dir.glob("#{dir}/mw/*.dump")
+      assert_equal [0o600], saved.map { |f| File.stat(f).mode & 0o777 }
+    end
+  end
+
   # And the other way: the real stackprof's dumps in the drop-in's Report.
   def test_the_real_stackprofs_dumps_load_when_asked
     Dir.mktmpdir do |dir|

@@ -138,11 +138,24 @@ module StackProf
 
     private
 
+    # Writes result to target as stackprof does (Marshal), and returns the
+    # IO, or for a path a File of it (closed; the path if it cannot be
+    # opened again). A path is written by AtomicFile: owner-only, never
+    # through another user's FIFO or symlink.
     def dump(result, target)
-      file = target.respond_to?(:to_io) ? target.to_io : File.open(target.respond_to?(:to_path) ? target.to_path : target, "wb")
-      file.write(Marshal.dump(result))
-      file.flush
-      file
+      if target.respond_to?(:to_io)
+        file = target.to_io
+        file.write(Marshal.dump(result))
+        file.flush
+        return file
+      end
+
+      path = Strobe::AtomicFile.write(target) { |io| io.write(Marshal.dump(result)) }
+      begin
+        File.new(path, File::RDONLY | File::NONBLOCK | Strobe::AtomicFile::NOFOLLOW).tap(&:close)
+      rescue SystemCallError
+        path
+      end
     end
 
     # Loading the real stackprof after this file would put its methods on

@@ -75,7 +75,7 @@ module StackProf
           filename = "stackprof-#{results[:mode]}-#{Process.pid}-#{Time.now.to_i}.dump"
         end
         FileUtils.mkdir_p(dir)
-        File.binwrite(File.join(dir, filename), Marshal.dump(Strobe.expand(results)))
+        Strobe::AtomicFile.write(File.join(dir, filename)) { |io| io.write(Marshal.dump(Strobe.expand(results))) }
         filename
       end
     end
