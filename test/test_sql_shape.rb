@@ -147,6 +147,33 @@ class TestSQLShape < Minitest::Test
     end
   end
 
+  # The third review's (issue 30): quotes and comments a database reads
+  # differently from the others. SQLite's [names] (a quote inside one
+  # opened a literal no database sees) and $a$ parameters (no dollar
+  # quotes); MySQL's -- (a comment only before a space: 1--'x' is 1 - -'x');
+  # PostgreSQL's $$ after a number (a dollar quote) and ` (an operator, no
+  # quote); MySQL with ANSI_QUOTES ("..." a name, '...' with escapes).
+  def test_quotes_each_dialect_reads_its_own_way
+    {
+      "SELECT [it's] FROM t WHERE pw = 'SECRET1'" => :sqlite,
+      "SELECT $a$, '$a$ SECRET3'" => :sqlite,
+      "SELECT 1--'x\nSECRET2'" => :mysql,
+      "SELECT 1$$SECRET5$$" => :postgresql,
+      "SELECT 1 `, 'x` SECRET6'" => :postgresql,
+      %q{SELECT "n\" , 'a\'b' , 'SECRET7' , "x"} => :mysql,
+    }.each do |sql, dialect|
+      [dialect, nil].each do |given|
+        shape = Strobe::SQLShape.shape(sql, dialect: given)
+        refute_match(/SECRET/, shape, "#{sql.inspect} as #{given.inspect}")
+      end
+    end
+    assert_equal "SELECT [name] FROM [t] WHERE a = ?",
+                 Strobe::SQLShape.shape("SELECT [name] FROM [t] WHERE a = 'x'", dialect: :sqlite)
+    assert_equal "SELECT ?--?", Strobe::SQLShape.shape("SELECT 1--'x'", dialect: :mysql)
+    assert_equal "SELECT ?", Strobe::SQLShape.shape("SELECT 1 -- 'x'", dialect: :mysql)
+    assert_equal "SELECT a$$b FROM t", Strobe::SQLShape.shape("SELECT a$$b FROM t", dialect: :postgresql)
+  end
+
   # Ordinary statements keep what they do; comments go. Without its
   # dialect, a statement's "..." are hidden (MySQL's strings).
   def test_shapes_stay_readable

@@ -9,9 +9,9 @@ module Strobe
   # quotes $tag$...$tag$, MySQL's "...") and numbers (1_000, 0x1F, 0b101,
   # 0o17, 1.5e3, and whatever else starts with a digit; not $1 parameters)
   # become ?; comments (--, #, /* */, nested or not) go, since they may
-  # hold values too; names in backticks, and in double quotes where they
-  # are names, stay when they are plain names (letters, digits, _ and $),
-  # and become ? otherwise.
+  # hold values too; names in backticks, in SQLite's [...], and in double
+  # quotes where they are names, stay when they are plain names (letters,
+  # digits, _ and $), and become ? otherwise.
   #
   #   SQLShape.shape("SELECT * FROM users WHERE email = 'a@b.c' LIMIT 1")
   #   # => "SELECT * FROM users WHERE email = ? LIMIT ?"
@@ -21,8 +21,10 @@ module Strobe
   # yes; PostgreSQL and SQLite: no, unless PostgreSQL runs with
   # standard_conforming_strings off, or MySQL with NO_BACKSLASH_ESCAPES),
   # whether /* */ nest (PostgreSQL), whether # starts a comment (MySQL:
-  # always, #> and #- too) and whether "..." is a string (MySQL) or a name
-  # (PostgreSQL, SQLite). The statement is read in each way its dialect
+  # always, #> and #- too), whether -- needs a space after it (MySQL),
+  # whether "..." is a string (MySQL, unless ANSI_QUOTES) or a name
+  # (PostgreSQL, SQLite), and which of $tag$ (PostgreSQL), `...` (MySQL,
+  # SQLite) and [...] (SQLite) quote. The statement is read in each way its dialect
   # (DIALECTS) may read it, or in all of them (READINGS) when the dialect
   # is not known, and whatever any reading takes for a literal or a
   # comment is hidden: a text is shown only where every reading agrees
@@ -39,29 +41,39 @@ module Strobe
     # 20 to 90 ms, a bulk INSERT 3 to 5 ms; at 4 KiB a quarter of that.
     INPUT_LIMIT = 4 * 1024
     # What can be neither a literal, nor a quoted name, nor a comment.
-    CODE = %r{[^'"`$/\-#]+}
+    CODE = %r{[^'"`$/\-#\[]+}
     STANDARD_BODY = /(?>[^']+|'')*'?/
     ESCAPED_BODY = /(?>[^'\\]+|\\(?:.|\z)|'')*'?/m
     NAME_BODY = { '"' => /(?>[^"]+|"")*"?/, "`" => /(?>[^`]+|``)*`?/ }.freeze
     ESCAPED_NAME_BODY = { '"' => /(?>[^"\\]+|\\(?:.|\z)|"")*"?/m, "`" => NAME_BODY["`"] }.freeze
     # A quoted name shown as it is.
-    PLAIN_NAME = /\A(["`])[A-Za-z_][A-Za-z0-9_$]{0,62}\1\z/
+    PLAIN_NAME = /\A(?:(["`])[A-Za-z_][A-Za-z0-9_$]{0,62}\1|\[[A-Za-z_][A-Za-z0-9_$]{0,62}\])\z/
+    BRACKET_BODY = /[^\]]*\]?/
     DOLLAR_TAG = /(?:[[:alpha:]_\u0080-\u{10FFFF}][[:alnum:]_\u0080-\u{10FFFF}]*)?\$/
     # A number: what starts with a digit (or "." and a digit) not within a
     # name nor after $ (a $1 parameter), to the end of its word and dots
     # (1_234, 0x1F, 0b101, 0o17, 1.5e-3, 10.0.0.1, 42abc).
     NUMBER = /(?<![[:word:]$])-?\.?\d(?:[[:word:].]|(?<=[eE])[+-](?=\d))*/
     # A way of reading a statement: backslash: whether \ escapes in '...'
-    # and "..." (it always does in E'...'); nested: whether /* */ nest;
-    # pound: whether # starts a comment; string: whether "..." is a string.
-    Reading = Struct.new(:backslash, :nested, :pound, :string)
+    # (it always does in E'...'); quote_backslash: whether it does in
+    # "..."; nested: whether /* */ nest; pound: whether # starts a comment;
+    # string: whether "..." is a string; dollar: whether $tag$ starts a
+    # dollar quote; backtick: whether `...` quotes a name; dash_space:
+    # whether -- starts a comment only before a space or a control
+    # character (MySQL); brackets: whether [...] quotes a name (SQLite).
+    Reading = Struct.new(:backslash, :quote_backslash, :nested, :pound, :string, :dollar, :backtick, :dash_space,
+                         :brackets)
     # The ways each dialect is read: PostgreSQL (and with
     # standard_conforming_strings off), SQLite, MySQL (and with
-    # NO_BACKSLASH_ESCAPES).
+    # NO_BACKSLASH_ESCAPES, ANSI_QUOTES or both).
     DIALECTS = {
-      postgresql: [Reading.new(false, true, false, false), Reading.new(true, true, false, false)].freeze,
-      sqlite: [Reading.new(false, false, false, false)].freeze,
-      mysql: [Reading.new(true, false, true, true), Reading.new(false, false, true, true)].freeze,
+      postgresql: [Reading.new(false, false, true, false, false, true, false, false, false),
+                   Reading.new(true, false, true, false, false, true, false, false, false)].freeze,
+      sqlite: [Reading.new(false, false, false, false, false, false, true, false, true)].freeze,
+      mysql: [Reading.new(true, true, false, true, true, false, true, true, false),
+              Reading.new(false, false, false, true, true, false, true, true, false),
+              Reading.new(true, false, false, true, false, false, true, true, false),
+              Reading.new(false, false, false, true, false, false, true, true, false)].freeze,
     }.freeze
     # The ways a statement of an unknown dialect is read.
     READINGS = DIALECTS.values.flatten.freeze
@@ -99,8 +111,14 @@ module Strobe
       nested = !(first = sql.index("/*")).nil? && !sql.index("/*", first + 2).nil?
       pound = sql.include?("#")
       string = sql.include?('"')
+      dollar = sql.include?("$")
+      backtick = sql.include?("`")
+      dashes = sql.include?("--")
+      brackets = sql.include?("[")
       readings.map do |r|
-        Reading.new(backslash && r.backslash, nested && r.nested, pound && r.pound, string && r.string)
+        Reading.new(backslash && r.backslash, backslash && string && r.quote_backslash, nested && r.nested,
+                    pound && r.pound, string && r.string, dollar && r.dollar, backtick && r.backtick,
+                    dashes && r.dash_space, brackets && r.brackets)
       end.uniq
     end
 
@@ -121,18 +139,29 @@ module Strobe
           marks << [start, s.pos, true]
         when '"', "`"
           quote = sql.byteslice(from, 1)
-          s.skip((backslash ? ESCAPED_NAME_BODY : NAME_BODY).fetch(quote))
+          next if quote == "`" && !reading.backtick # (an operator's character)
+
+          s.skip((quote == '"' && reading.quote_backslash ? ESCAPED_NAME_BODY : NAME_BODY).fetch(quote))
           name = !(reading.string && quote == '"') && sql.byteslice(from, s.pos - from).match?(PLAIN_NAME)
           marks << [from, s.pos, true] unless name
+        when "["
+          next unless reading.brackets
+
+          s.skip(BRACKET_BODY)
+          marks << [from, s.pos, true] unless sql.byteslice(from, s.pos - from).match?(PLAIN_NAME)
         when "$"
-          next if word_byte?(sql, from - 1) || !s.skip(DOLLAR_TAG)
+          next if !reading.dollar || in_name?(sql, from) || !s.skip(DOLLAR_TAG)
 
           s.skip_until(Regexp.new(Regexp.escape(sql.byteslice(from, s.pos - from)))) or s.terminate
           marks << [from, s.pos, true]
         when "/"
           marks << [from, block_comment_end(s, nested: reading.nested), false] if s.skip(/\*/)
         when "-"
-          marks << [from, line_end(s), false] if s.skip(/-/)
+          next unless s.skip(/-/)
+          # (MySQL: 1--2 is 1 - -2)
+          next if reading.dash_space && !s.match?(/[[:space:][:cntrl:]]|\z/)
+
+          marks << [from, line_end(s), false]
         when "#"
           marks << [from, line_end(s), false] if reading.pound
         end
@@ -157,6 +186,17 @@ module Strobe
     E = "eE".bytes.freeze
     PREFIXES = "eEnNbBxX".bytes.freeze
     WORD_BYTES = [*"A".."Z", *"a".."z", *"0".."9", "_", "$"].map(&:ord).freeze
+
+    # Whether the "$" at byte at continues a name (a$b$ in PostgreSQL is a
+    # name, no quote): it follows a word that does not start with a digit
+    # (after a number, 1$$...$$ is a number and a dollar quote).
+    def in_name?(sql, at)
+      start = at
+      start -= 1 while word_byte?(sql, start - 1)
+      start < at && !DIGITS.include?(sql.getbyte(start))
+    end
+
+    DIGITS = ("0".ord.."9".ord).freeze
 
     def word_byte?(sql, at)
       return false if at.negative?
