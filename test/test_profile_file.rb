@@ -568,6 +568,45 @@ class TestProfileFile < Minitest::Test
     assert File.pipe?(fifo), "left as it was"
   end
 
+  # A symlink on the way to the target's directory is followed only where
+  # nobody else can have put it: not in a world-writable directory without
+  # the sticky bit (anyone may replace it), nor another user's link in a
+  # sticky one (/tmp), nor in another user's directory; the save is refused
+  # and nothing lands where the link leads. One's own in a sticky directory
+  # and any in a trusted one are followed. (Before, the directory part was
+  # opened by path, following every link: another user chose where root's
+  # profile went, third review.)
+  def test_symlinks_on_the_way_to_the_directory
+    elsewhere = File.join(@dir, "elsewhere")
+    Dir.mkdir(elsewhere, 0o700)
+    open = File.join(@dir, "open")
+    Dir.mkdir(open)
+    File.chmod(0o777, open)
+    File.symlink(elsewhere, File.join(open, "sub"))
+    error = assert_raises(Strobe::AtomicFile::Refused) { Strobe.save(profile, File.join(open, "sub", "p.json")) }
+    assert_match(/sub is a symlink of uid #{Process.euid}'s in a directory other users may change \(mode 777\): not followed/,
+                 error.message)
+    assert_empty Dir.children(elsewhere)
+
+    File.chmod(0o1777, open) # sticky: one's own link stays one's own
+    Strobe.save(profile, File.join(open, "sub", "p.json"))
+    assert_equal ["p.json"], Dir.children(elsewhere)
+    File.symlink(File.join("..", "open"), File.join(elsewhere, "back")) # trusted: followed, relative
+    Strobe.save(profile, File.join(elsewhere, "back", "q.json"))
+    assert_equal 30, Strobe.load(File.join(open, "q.json"))[:samples]
+    return unless Process.euid.zero?
+
+    theirs = File.join(@dir, "theirs")
+    Dir.mkdir(theirs, 0o755)
+    File.symlink(elsewhere, File.join(theirs, "sub"))
+    File.lchown(65_534, 65_534, File.join(open, "sub"))
+    File.chown(65_534, 65_534, theirs)
+    [File.join(open, "sub", "r.json"), File.join(theirs, "sub", "r.json")].each do |path|
+      assert_raises(Strobe::AtomicFile::Refused, path) { Strobe.save(profile, path) }
+    end
+    assert_equal %w[back p.json], Dir.children(elsewhere).sort
+  end
+
   # A directory of root's that a group may write to (Debian's /var/local,
   # /var/log) is no safer than /tmp: a member's symlink there to a FIFO or
   # device of root's is replaced, not followed. Before, it was followed and
@@ -775,15 +814,15 @@ class TestProfileFile < Minitest::Test
     end
   end
 
-  # Replaces AtomicFile.temp_path for the block with one returning names
-  # in turn.
-  def with_temp_names(names)
-    original = Strobe::AtomicFile.method(:temp_path)
-    queue = names.dup
-    Strobe::AtomicFile.define_singleton_method(:temp_path) { |path| queue.shift || original.call(path) }
+  # Replaces AtomicFile.temp_name for the block with one returning the
+  # names of paths in turn.
+  def with_temp_names(paths)
+    original = Strobe::AtomicFile.method(:temp_name)
+    queue = paths.map { |path| File.basename(path) }
+    Strobe::AtomicFile.define_singleton_method(:temp_name) { |name| queue.shift || original.call(name) }
     yield
   ensure
-    Strobe::AtomicFile.define_singleton_method(:temp_path, original)
+    Strobe::AtomicFile.define_singleton_method(:temp_name, original)
   end
 
   # Even a temporary name guessed right finds the file created exclusively:
@@ -810,11 +849,11 @@ class TestProfileFile < Minitest::Test
 
   # Temporary names are random, in the target's directory, and hidden.
   def test_temporary_names
-    names = Array.new(3) { Strobe::AtomicFile.temp_path(File.join(@dir, "p.json")) }
+    names = Array.new(3) { Strobe::AtomicFile.temp_name("p.json") }
     assert_equal 3, names.uniq.size
-    names.each { |name| assert_match(/\A#{Regexp.escape(@dir)}\/\.p\.json\.strobe-\h{32}\.tmp\z/, name) }
-    long = Strobe::AtomicFile.temp_path(File.join(@dir, "x" * 250))
-    assert_operator File.basename(long).bytesize, :<=, 255
+    names.each { |name| assert_match(/\A\.p\.json\.strobe-\h{32}\.tmp\z/, name) }
+    long = Strobe::AtomicFile.temp_name("x" * 250)
+    assert_operator long.bytesize, :<=, 255
   end
 
   # A saved file is its owner's only, while written and after (a profile

@@ -35,9 +35,13 @@ module Strobe
   # (O_NOFOLLOW) when its directory is untrusted: writable by everyone, or
   # by a group other than root's and this process's, or owned by neither
   # this process's user nor root. The directory is opened first and judged
-  # by its descriptor, and the target opened through it
-  # (/proc/self/fd/N/NAME), so swapping a directory on the path in between
-  # changes nothing. Then fstat says:
+  # by its descriptor, and the target opened, created and renamed through
+  # it (/proc/self/fd/N/NAME), so swapping a directory on the path in
+  # between changes nothing. The directory itself is reached one name at a
+  # time through descriptors, and a symlink on the way is followed only in
+  # a trusted directory, or in a sticky one (/tmp) when it is this
+  # process's user's or root's: another user's link is Refused (it would
+  # choose where the profile goes). Then fstat says:
   # - nothing there (ENOENT), a symlink in an untrusted directory (ELOOP),
   #   or a regular file: it is replaced by the rename above;
   # - a FIFO, character device or socket of this process's user or root
@@ -95,21 +99,116 @@ module Strobe
     # String or anything with #to_path). Returns path as a String.
     def write(path, &block)
       path = path.respond_to?(:to_path) ? path.to_path : path.to_s
-      file = special(path)
-      return write_in_place(path, file, &block) if file
+      held = held(path)
+      return write_in_place(path, held, &block) if held
 
-      file, temp = create(path)
+      dir_path, name = File.split(path)
+      dir = open_directory(dir_path, path)
+      begin
+        file = special(path, dir, name)
+        return write_in_place(path, file, &block) if file
+
+        write_renamed(path, dir, name, &block)
+      ensure
+        dir.close
+      end
+    rescue SystemCallError => e
+      # (named by the caller's path, not the one through /proc)
+      raise if e.is_a?(TargetError) || !e.message.include?("/proc/self/fd/")
+
+      raise e.class, path
+    end
+
+    # Writes a new file in dir (open) and renames it to name there.
+    def write_renamed(path, dir, name)
+      file, temp = create(dir, name, path)
       done = false
       begin
         yield file
         file.chmod(new_file_mode)
         file.close
-        File.rename(temp, path)
+        File.rename(inside(dir, temp), inside(dir, name))
         done = true
       ensure
-        discard(file, temp) unless done
+        discard(file, inside(dir, temp)) unless done
       end
       path
+    end
+
+    # The path of name in dir (an open directory) through its descriptor,
+    # so that what the path leads to cannot change under it.
+    def inside(dir, name)
+      PROC_FD ? "/proc/self/fd/#{dir.fileno}/#{name}" : File.join(dir.path, name)
+    end
+
+    PROC_FD = File.directory?("/proc/self/fd")
+    # Symlinks followed on the way to a target's directory, at most (as
+    # Linux does).
+    MAX_LINKS = 40
+    DIR_OPEN = File::RDONLY | File::NONBLOCK | (defined?(File::NOCTTY) ? File::NOCTTY : 0)
+
+    # The directory dir_path (the target path's), open, reached one name at
+    # a time from "/" or the working directory through descriptors: a
+    # symlink on the way is followed only where no one else can have put
+    # it, in a trusted directory (see below), or in a sticky one (/tmp)
+    # when it is this process's user's or root's. Another's is Refused: it
+    # would choose where the profile goes (or, renamed over, what it
+    # replaces).
+    def open_directory(dir_path, path)
+      return File.open(dir_path, File::RDONLY) unless PROC_FD
+
+      dir = File.open(dir_path.start_with?("/") ? "/" : ".", DIR_OPEN)
+      names = dir_path.split("/")
+      links = 0
+      until names.empty?
+        name = names.shift
+        next if name.empty? || name == "."
+
+        below = open_below(dir, name)
+        if below
+          dir.close
+          dir = below
+          next
+        end
+        raise Errno::ELOOP, path if (links += 1) > MAX_LINKS
+
+        target = follow(dir, name, path)
+        if target.start_with?("/")
+          dir.close
+          dir = File.open("/", DIR_OPEN)
+        end
+        names = target.split("/") + names
+      end
+      dir
+    rescue StandardError
+      dir&.close
+      raise
+    end
+
+    # The directory name in dir, open; nil when it is a symlink. Raises
+    # ENOTDIR for anything else.
+    def open_below(dir, name)
+      below = File.open(inside(dir, name), DIR_OPEN | NOFOLLOW)
+      return below if below.stat.directory?
+
+      below.close
+      raise Errno::ENOTDIR, name
+    rescue Errno::ELOOP
+      nil
+    end
+
+    # Where the symlink name in dir leads, if it is one to follow (see
+    # open_directory); raises Refused otherwise.
+    def follow(dir, name, path)
+      through = inside(dir, name)
+      link = File.lstat(through)
+      stat = dir.stat
+      ours = link.uid == Process.euid || link.uid.zero?
+      unless trusted_directory?(stat) || (stat.sticky? && ours)
+        raise Refused.new(path, "#{name} is a symlink of uid #{link.uid}'s in a directory other users may change " \
+                                "(mode #{format('%o', stat.mode & 0o7777)}): not followed")
+      end
+      File.readlink(through)
     end
 
     OPEN = File::WRONLY | File::NONBLOCK | (defined?(File::NOCTTY) ? File::NOCTTY : 0)
@@ -121,11 +220,8 @@ module Strobe
     # The device, FIFO or socket at path, open for writing, blocking again
     # (see above); nil for what the rename is to replace. Raises Refused or
     # Unread for what is not to be written.
-    def special(path)
-      held = held(path)
-      return held if held
-
-      file, trusted = open_in_directory(path)
+    def special(path, dir, name)
+      file, trusted = open_in_directory(path, dir, name)
       return nil unless file
       begin
         stat = file.stat
@@ -140,23 +236,17 @@ module Strobe
       end
     end
 
-    # [the target opened as above, whether its directory is trusted], or nil
-    # for what the rename replaces. The directory is opened first, judged
-    # by its descriptor, and the target opened through that descriptor
-    # (/proc/self/fd/N/NAME): another user swapping a directory on the path
-    # between the judging and the opening changes neither.
-    def open_in_directory(path)
-      dir_path, name = File.split(path)
-      dir = File.open(dir_path, File::RDONLY)
-      begin
-        trusted = trusted_directory?(dir.stat)
-        through = File.directory?("/proc/self/fd") ? "/proc/self/fd/#{dir.fileno}/#{name}" : path
-        [File.new(through, OPEN | (trusted ? 0 : NOFOLLOW), binmode: true), trusted]
-      rescue Errno::ENXIO
-        raise unread(path, trusted)
-      ensure
-        dir.close
-      end
+    # [the target name in dir opened as above, whether dir is trusted], or
+    # nil for what the rename replaces. The directory was opened first
+    # (open_directory), is judged by its descriptor, and the target opened
+    # through that descriptor (/proc/self/fd/N/NAME): another user swapping
+    # a directory on the path between the judging and the opening changes
+    # neither.
+    def open_in_directory(path, dir, name)
+      trusted = trusted_directory?(dir.stat)
+      [File.new(inside(dir, name), OPEN | (trusted ? 0 : NOFOLLOW), binmode: true), trusted]
+    rescue Errno::ENXIO
+      raise unread(path, trusted)
     rescue *RENAMED
       nil
     end
@@ -222,12 +312,12 @@ module Strobe
       file.close
     end
 
-    # [a new file opened for writing, its path], next to path.
-    def create(path)
+    # [a new file opened for writing, its name], in dir, next to name.
+    def create(dir, name, path)
       ATTEMPTS.times do
-        temp = temp_path(path)
+        temp = temp_name(name)
         begin
-          return [File.new(temp, FLAGS, 0o600, binmode: true), temp]
+          return [File.new(inside(dir, temp), FLAGS, 0o600, binmode: true), temp]
         rescue Errno::EEXIST, Errno::ELOOP
           next # someone else's file: left alone
         end
@@ -235,9 +325,8 @@ module Strobe
       raise Errno::EEXIST, "#{path}: #{ATTEMPTS} random temporary names were all taken"
     end
 
-    def temp_path(path)
-      dir, name = File.split(path)
-      File.join(dir, ".#{name[0, NAME_CHARS]}.strobe-#{SecureRandom.hex(16)}.tmp")
+    def temp_name(name)
+      ".#{name[0, NAME_CHARS]}.strobe-#{SecureRandom.hex(16)}.tmp"
     end
 
     # The mode of a saved file: 0600, or STROBE_FILE_MODE's bits, less the
