@@ -3,6 +3,7 @@
 require_relative "test_helper"
 require "tmpdir"
 require "json"
+require "set"
 require "rack"
 require "rack/mock"
 require "strobe/middleware"
@@ -305,6 +306,16 @@ class TestMarkers < Minitest::Test
     env = Rack::MockRequest.env_for("/posts")
     env["action_controller.instance"] = controller.new
     assert_equal "PostsController#index", Strobe::Middleware.endpoint(env)
+    known = Class.new(controller) do
+      def self.name = "PostsController"
+      def self.action_methods = Set["index"]
+      attr_accessor :action_name
+    end
+    env["action_controller.instance"] = known.new.tap { |c| c.action_name = "jane.doe@example.com" }
+    assert_equal "PostsController#(unknown action)", Strobe::Middleware.endpoint(env),
+                 "a dynamic :action the controller does not have (third review)"
+    env["action_controller.instance"] = known.new.tap { |c| c.action_name = "index" }
+    assert_equal "PostsController#index", Strobe::Middleware.endpoint(env)
     routed = Rack::MockRequest.env_for("/posts/5").merge("action_dispatch.route_uri_pattern" => "/posts/:id(.:format)")
     assert_equal "GET /posts/:id(.:format)", Strobe::Middleware.endpoint(routed), "Rails 7.1+, a route to a Rack app"
     sinatra = Rack::MockRequest.env_for("/users/jane.doe").merge("sinatra.route" => "GET /users/:name")
@@ -312,6 +323,9 @@ class TestMarkers < Minitest::Test
     route = Struct.new(:request_method, :path).new("POST", "/api/users/:id(.:format)")
     grape = Rack::MockRequest.env_for("/api/users/7", method: "POST").merge("grape.routing_args" => { route_info: route })
     assert_equal "POST /api/users/:id(.:format)", Strobe::Middleware.endpoint(grape)
+    grape["REQUEST_METHOD"] = "QwErTy"
+    grape["grape.routing_args"] = { route_info: Struct.new(:path).new("/api/users/:id") }
+    assert_equal "OTHER /api/users/:id", Strobe::Middleware.endpoint(grape), "a method is the client's too"
 
     assert_equal "GET (not found)", Strobe::Middleware.endpoint(Rack::MockRequest.env_for("/wp-admin/setup.php"), 404),
                  "a path nothing served is no endpoint of its own"

@@ -199,30 +199,41 @@ module Strobe
     end
 
     def self.route_name(env, status)
-      controller = env["action_controller.instance"]
-      return "#{controller.class.name}##{controller.action_name}" if controller.respond_to?(:action_name) && controller.class.name
-
       method = METHODS.include?(env["REQUEST_METHOD"]) ? env["REQUEST_METHOD"] : "OTHER"
+      controller = env["action_controller.instance"]
+      return rails_action(controller) if controller.respond_to?(:action_name) && controller.class.name
+
       route = env["action_dispatch.route_uri_pattern"] # Rails 7.1+, for a route to a Rack app
       return "#{method} #{route}" if route.is_a?(String) && !route.empty?
 
       route = env["sinatra.route"] # "GET /users/:id"
       return route if route.is_a?(String) && !route.empty?
 
-      route = grape_route(env)
+      route = grape_route(env, method)
       return route if route
       return "#{method} (not found)" if status == 404
 
       ["/", ""].include?(env["PATH_INFO"].to_s) ? "#{method} /" : "#{method} (unrouted)"
     end
 
-    # Grape's route: its method and path ("GET /api/users/:id(.:format)").
-    def self.grape_route(env)
+    # Rails' Controller#action. An action the controller does not have (a
+    # route with a dynamic :action, an action_missing) is the client's
+    # word: "(unknown action)".
+    def self.rails_action(controller)
+      action = controller.action_name.to_s
+      actions = controller.class.action_methods if controller.class.respond_to?(:action_methods)
+      action = "(unknown action)" if actions.respond_to?(:include?) && !actions.include?(action)
+      "#{controller.class.name}##{action}"
+    end
+
+    # Grape's route: its method (or method, the request's, checked) and
+    # path ("GET /api/users/:id(.:format)").
+    def self.grape_route(env, method)
       args = env["grape.routing_args"] || env["rack.routing_args"]
       route = args[:route_info] if args.is_a?(Hash)
       return nil unless route.respond_to?(:path) && route.path.is_a?(String) && !route.path.empty?
 
-      method = route.respond_to?(:request_method) ? route.request_method : env["REQUEST_METHOD"]
+      method = route.request_method if route.respond_to?(:request_method) && METHODS.include?(route.request_method)
       "#{method} #{route.path}"
     end
 
