@@ -18,6 +18,7 @@
 # (Hz), ACCURACY_MODES [cpu,wall], ACCURACY_PROFILERS
 # [strobe,stackprof,vernier] (each skipped when it cannot load).
 # test/test_accuracy.rb runs short versions of some of them.
+require "io/wait"
 require "json"
 require "rbconfig"
 
@@ -209,16 +210,34 @@ module Accuracy
     end
   end
 
-  # Parent: runs one case in a child; its report with shares and errors.
+  LIB = File.expand_path("../lib", __dir__)
+
+  # Parent: runs one case in a child (killed if it takes three times its
+  # seconds and 30 more); its report with shares and errors, or nil.
+  # STROBE_LIB (a build of the extension elsewhere, as the sanitizer
+  # suite's) comes first on the child's load path.
   def measure(name, mode, rate, profiler, seconds)
     code = "require #{File.expand_path(__FILE__).inspect}\n" \
            "puts JSON.generate(Accuracy.child(*ARGV[0, 4], Float(ARGV[4])))"
-    cmd = [RbConfig.ruby, "-I#{File.expand_path('../lib', __dir__)}", "-e", code, "--", name, mode, rate.to_s, profiler,
-           seconds.to_s]
-    out = IO.popen(cmd, err: File::NULL, &:read)
+    cmd = [RbConfig.ruby, *[ENV["STROBE_LIB"], LIB].compact.map { |dir| "-I#{dir}" }, "-e", code, "--",
+           name, mode, rate.to_s, profiler, seconds.to_s]
+    out = +""
+    IO.popen(cmd, err: File::NULL) do |io|
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds * 3 + 30
+      until io.eof?
+        left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        if left <= 0 || !io.wait_readable(left)
+          Process.kill(:KILL, io.pid)
+          break
+        end
+        out << io.readpartial(65_536)
+      end
+    end
     return nil unless $?.success? && !out.empty?
 
     score(JSON.parse(out.lines.last, symbolize_names: false))
+  rescue EOFError
+    nil
   end
 
   # The shares (percent) of truth and samples per phase, the largest
@@ -239,7 +258,7 @@ module Accuracy
 
   def available(profilers)
     profilers.select do |profiler|
-      system(RbConfig.ruby, "-I#{File.expand_path('../lib', __dir__)}", "-e", "require #{profiler.inspect}",
+      system(RbConfig.ruby, "-I#{LIB}", "-e", "require #{profiler.inspect}",
              out: File::NULL, err: File::NULL)
     end
   end
