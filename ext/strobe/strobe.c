@@ -171,15 +171,7 @@ end_starting(VALUE unused)
     return Qnil;
 }
 
-/* Whether a start may begin now, given the round (Native.round) at which
- * its caller found the profiler free (Strobe.take_back): not while a
- * profile runs, a run collects or another start runs, nor once any start
- * came since that round. Ruby code runs between take_back and the start
- * (Ruby may switch threads there), and a middleware's round begun, ended
- * and stopped meanwhile waits for its results: a start now would add to
- * that profile (rounds without results merge), so the run's result held
- * the middleware's requests and the middleware's file was never written.
- * The caller takes the profiler back again instead. */
+/* Whether n is the latest start's round (Native.round). */
 static int
 is_round(VALUE n)
 {
@@ -194,7 +186,16 @@ waiting(void)
     return (strobe_profile.active && !strobe_profile.inherited) || strobe_trace_active();
 }
 
-/* ... and adds_to: nil for Strobe.start, which adds to whatever profile
+/* Whether a start may begin now, given the round (Native.round) at which
+ * its caller found the profiler free (Strobe.take_back): not while a
+ * profile runs, a run collects or another start runs, nor once any start
+ * came since that round. Ruby code runs between take_back and the start
+ * (Ruby may switch threads there), and a middleware's round begun, ended
+ * and stopped meanwhile waits for its results: a start now would add to
+ * that profile (rounds without results merge), so the run's result held
+ * the middleware's requests and the middleware's file was never written.
+ * The caller takes the profiler back again instead.
+ * And adds_to: nil for Strobe.start, which adds to whatever profile
  * waits for its results (its rounds merge, as stackprof's do); otherwise a
  * start of one of Strobe's own profilers (the middleware, the continuous
  * profiler, the pull endpoint), which takes the results it starts and so

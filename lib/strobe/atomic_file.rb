@@ -221,7 +221,7 @@ module Strobe
     # (see above); nil for what the rename is to replace. Raises Refused or
     # Unread for what is not to be written.
     def special(path, dir, name)
-      file, trusted = open_in_directory(path, dir, name)
+      file = open_in_directory(path, dir, name)
       return nil unless file
       begin
         stat = file.stat
@@ -236,15 +236,15 @@ module Strobe
       end
     end
 
-    # [the target name in dir opened as above, whether dir is trusted], or
-    # nil for what the rename replaces. The directory was opened first
+    # The target name in dir opened as above, or nil for what the rename
+    # replaces. The directory was opened first
     # (open_directory), is judged by its descriptor, and the target opened
     # through that descriptor (/proc/self/fd/N/NAME): another user swapping
     # a directory on the path between the judging and the opening changes
     # neither.
     def open_in_directory(path, dir, name)
       trusted = trusted_directory?(dir.stat)
-      [File.new(inside(dir, name), OPEN | (trusted ? 0 : NOFOLLOW), binmode: true), trusted]
+      File.new(inside(dir, name), OPEN | (trusted ? 0 : NOFOLLOW), binmode: true)
     rescue Errno::ENXIO
       raise unread(path, trusted)
     rescue *RENAMED

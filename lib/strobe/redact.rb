@@ -41,7 +41,10 @@ module Strobe
         forms.push(decoded, decoded.split(":", 2)[1].to_s) if decoded.valid_encoding?
       end
       # (and each percent-encoded, as a server may quote it from a URL or a form)
-      forms += forms.flat_map { |form| [URI.encode_www_form_component(form), URI.encode_www_form_component(form).gsub("+", "%20")] }
+      forms += forms.flat_map do |form|
+        encoded = URI.encode_www_form_component(form)
+        [encoded, encoded.gsub("+", "%20")]
+      end
       forms.reject(&:empty?).uniq.sort_by { |form| -form.length }
     end
 

@@ -62,18 +62,24 @@ module Strobe
     # whether -- starts a comment only before a space or a control
     # character (MySQL); brackets: whether [...] quotes a name (SQLite).
     Reading = Struct.new(:backslash, :quote_backslash, :nested, :pound, :string, :dollar, :backtick, :dash_space,
-                         :brackets)
+                         :brackets, keyword_init: true) do
+      # A Reading with every flag false but those given.
+      def self.with(**flags)
+        new(**members.to_h { |m| [m, false] }, **flags)
+      end
+    end
+    POSTGRESQL = { nested: true, dollar: true }.freeze
+    MYSQL = { pound: true, backtick: true, dash_space: true }.freeze
     # The ways each dialect is read: PostgreSQL (and with
     # standard_conforming_strings off), SQLite, MySQL (and with
     # NO_BACKSLASH_ESCAPES, ANSI_QUOTES or both).
     DIALECTS = {
-      postgresql: [Reading.new(false, false, true, false, false, true, false, false, false),
-                   Reading.new(true, false, true, false, false, true, false, false, false)].freeze,
-      sqlite: [Reading.new(false, false, false, false, false, false, true, false, true)].freeze,
-      mysql: [Reading.new(true, true, false, true, true, false, true, true, false),
-              Reading.new(false, false, false, true, true, false, true, true, false),
-              Reading.new(true, false, false, true, false, false, true, true, false),
-              Reading.new(false, false, false, true, false, false, true, true, false)].freeze,
+      postgresql: [Reading.with(**POSTGRESQL), Reading.with(**POSTGRESQL, backslash: true)].freeze,
+      sqlite: [Reading.with(backtick: true, brackets: true)].freeze,
+      mysql: [Reading.with(**MYSQL, backslash: true, quote_backslash: true, string: true),
+              Reading.with(**MYSQL, string: true),
+              Reading.with(**MYSQL, backslash: true),
+              Reading.with(**MYSQL)].freeze,
     }.freeze
     # The ways a statement of an unknown dialect is read.
     READINGS = DIALECTS.values.flatten.freeze
@@ -116,9 +122,10 @@ module Strobe
       dashes = sql.include?("--")
       brackets = sql.include?("[")
       readings.map do |r|
-        Reading.new(backslash && r.backslash, backslash && string && r.quote_backslash, nested && r.nested,
-                    pound && r.pound, string && r.string, dollar && r.dollar, backtick && r.backtick,
-                    dashes && r.dash_space, brackets && r.brackets)
+        Reading.new(backslash: backslash && r.backslash, quote_backslash: backslash && string && r.quote_backslash,
+                    nested: nested && r.nested, pound: pound && r.pound, string: string && r.string,
+                    dollar: dollar && r.dollar, backtick: backtick && r.backtick, dash_space: dashes && r.dash_space,
+                    brackets: brackets && r.brackets)
       end.uniq
     end
 

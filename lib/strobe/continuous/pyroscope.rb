@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require "json"
-
 require "uri"
 require_relative "../http_client"
 require_relative "../redact"
